@@ -1,0 +1,25 @@
+"""Evolutionary hyperparameter optimisation of a population of agents.
+
+The engine talks to agents only through :class:`EvolvableAgent`; it mutates
+hyperparameters (:class:`Mutations`), selects the next generation
+(:class:`TournamentSelection`, :class:`TruncationSelection`) and seeds
+initial hyperparameters (:func:`initial_population_hyperparameters`).
+"""
+from evollm.hpo.mutation import Mutations
+from evollm.hpo.optuna_utils import hp_config_to_distributions, initial_population_hyperparameters
+from evollm.hpo.parameters import HyperparameterConfig, RLParameter
+from evollm.hpo.protocol import EvolvableAgent, MutationRecord
+from evollm.hpo.selection import SelectionResult, TournamentSelection, TruncationSelection
+
+__all__ = [
+    "RLParameter",
+    "HyperparameterConfig",
+    "Mutations",
+    "MutationRecord",
+    "TournamentSelection",
+    "TruncationSelection",
+    "SelectionResult",
+    "EvolvableAgent",
+    "initial_population_hyperparameters",
+    "hp_config_to_distributions",
+]

@@ -1,0 +1,205 @@
+"""One frozen base model, many LoRA adapters.
+
+Every member of a population lives on the same :class:`SharedBase`: a single
+``peft.PeftModel`` wrapping the user's base model once. A member *is* its named
+adapters (plus its optimizer and hyperparameters, held by the agent). Adding,
+copying, resizing and dropping a member only touches adapter tensors; no base
+tensor is ever copied.
+
+The reference policy is the base with every adapter disabled
+(:meth:`SharedBase.reference`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import weakref
+from typing import Iterator
+
+import torch
+from peft import LoraConfig, PeftModel, get_peft_model
+from peft.tuners.lora import LoraLayer
+from peft.utils import get_peft_model_state_dict, set_peft_model_state_dict
+
+DEFAULT_TARGET_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+_REGISTRY: "weakref.WeakKeyDictionary[torch.nn.Module, SharedBase]" = weakref.WeakKeyDictionary()
+
+
+def default_lora_config(r: int = 8, lora_alpha: int | None = None, **kwargs) -> LoraConfig:
+    """A causal-LM LoRA config on the attention and MLP projections."""
+    kwargs.setdefault("target_modules", list(DEFAULT_TARGET_MODULES))
+    kwargs.setdefault("lora_dropout", 0.0)
+    return LoraConfig(r=r, lora_alpha=lora_alpha if lora_alpha is not None else 2 * r, task_type="CAUSAL_LM", **kwargs)
+
+
+class SharedBase:
+    """The single ``PeftModel`` all members of a population share.
+
+    Use :meth:`of` rather than the constructor: calling it twice with the same model
+    returns the same object, so agents created separately still share one base.
+    """
+
+    def __init__(self, model: torch.nn.Module, lora_config: LoraConfig, first_adapter: str):
+        self._used_ids: set[int] = set()
+        if isinstance(model, PeftModel):
+            self.peft_model = model
+            self._inherited = model.active_adapter
+            self.peft_model.add_adapter(first_adapter, copy.deepcopy(lora_config))
+        else:
+            self._inherited = None
+            self.peft_model = get_peft_model(model, copy.deepcopy(lora_config), adapter_name=first_adapter)
+        for p in self.base_parameters():
+            p.requires_grad_(False)
+
+    # ------------------------------------------------------------------ registry
+    @staticmethod
+    def member_adapter(index: int, role: str = "actor") -> str:
+        """Adapter name of a member's role: ``m3`` (actor), ``m3_critic``, ..."""
+        return f"m{index}" if role == "actor" else f"m{index}_{role}"
+
+    @classmethod
+    def attach(cls, model: torch.nn.Module, lora_config: LoraConfig, index: int | None = None,
+               roles: tuple[str, ...] = ("actor",)) -> tuple["SharedBase", int]:
+        """Give a new member adapters on ``model``'s shared base (created on first use).
+
+        Returns the shared base and the member's id, unique on that base and never reused.
+        """
+        shared = _REGISTRY.get(model)
+        if shared is None and isinstance(model, PeftModel):
+            shared = _REGISTRY.get(model.get_base_model())
+        if shared is None:
+            index = 0 if index is None else int(index)
+            shared = cls(model, lora_config, cls.member_adapter(index, roles[0]))
+            _REGISTRY[shared.peft_model] = shared
+            _REGISTRY[shared.peft_model.get_base_model()] = shared
+            shared.reserve_index(index)
+            if shared._inherited is not None:
+                shared.copy_adapter(shared._inherited, cls.member_adapter(index, roles[0]), weights_only=True)
+            first = roles[1:]
+        else:
+            index = shared.reserve_index(index)
+            first = roles
+        for role in first:
+            shared.add_adapter(cls.member_adapter(index, role), lora_config)
+        return shared, index
+
+    def reserve_index(self, index: int | None = None) -> int:
+        """A member id never used before on this base (or claim ``index``, which must be new)."""
+        if index is None:
+            index = max(self._used_ids, default=-1) + 1
+        elif index in self._used_ids:
+            raise ValueError(f"member id {index} was already used on this shared base; ids are never reused")
+        self._used_ids.add(int(index))
+        return int(index)
+
+    def next_index(self) -> int:
+        return max(self._used_ids, default=-1) + 1
+
+    # ------------------------------------------------------------------ adapters
+    @property
+    def model(self) -> PeftModel:
+        return self.peft_model
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.peft_model.parameters()).device
+
+    def adapters(self) -> list[str]:
+        return list(self.peft_model.peft_config)
+
+    def has_adapter(self, name: str) -> bool:
+        return name in self.peft_model.peft_config
+
+    def config(self, name: str) -> LoraConfig:
+        return self.peft_model.peft_config[name]
+
+    def add_adapter(self, name: str, lora_config: LoraConfig) -> None:
+        if self.has_adapter(name):
+            raise ValueError(f"adapter {name!r} already exists on this shared base")
+        self.peft_model.add_adapter(name, copy.deepcopy(lora_config))
+
+    def delete_adapter(self, name: str) -> None:
+        """Free a member's adapter. The last adapter of a PeftModel cannot be deleted, so it is kept."""
+        if not self.has_adapter(name):
+            return
+        if len(self.adapters()) == 1:
+            return
+        if self.peft_model.active_adapter == name:
+            other = next(a for a in self.adapters() if a != name)
+            self.peft_model.set_adapter(other)
+        self.peft_model.delete_adapter(name)
+
+    def parameters(self, name: str) -> list[torch.nn.Parameter]:
+        """The trainable tensors of one adapter, in a fixed (name-sorted) order."""
+        return [p for _, p in self.named_parameters(name)]
+
+    def named_parameters(self, name: str) -> list[tuple[str, torch.nn.Parameter]]:
+        tag = f".{name}."
+        items = [(n, p) for n, p in self.peft_model.named_parameters() if tag in n and "lora_" in n]
+        if not items:
+            raise KeyError(f"adapter {name!r} has no parameters on this shared base")
+        return sorted(items, key=lambda kv: kv[0])
+
+    def base_parameters(self) -> Iterator[torch.nn.Parameter]:
+        for n, p in self.peft_model.named_parameters():
+            if "lora_" not in n:
+                yield p
+
+    def copy_adapter(self, src: str, dst: str, weights_only: bool = False) -> None:
+        """Make ``dst`` an in-memory copy of ``src`` (created with ``src``'s config if missing)."""
+        if not self.has_adapter(dst):
+            if weights_only:
+                raise KeyError(dst)
+            self.add_adapter(dst, self.config(src))
+        src_params = dict(self.named_parameters(src))
+        with torch.no_grad():
+            for n, p in self.named_parameters(dst):
+                p.copy_(src_params[n.replace(f".{dst}.", f".{src}.")])
+
+    def state_dict(self, name: str) -> dict[str, torch.Tensor]:
+        """The adapter's tensors with PEFT's on-disk key names (adapter name stripped)."""
+        sd = get_peft_model_state_dict(self.peft_model, adapter_name=name)
+        return {k: v.detach().clone() for k, v in sd.items()}
+
+    def load_state_dict(self, name: str, state: dict[str, torch.Tensor]) -> None:
+        result = set_peft_model_state_dict(self.peft_model, state, adapter_name=name)
+        missing = [k for k in getattr(result, "unexpected_keys", []) if "lora_" in k]
+        if missing:
+            raise ValueError(f"adapter state for {name!r} has keys this model does not have: {missing[:3]}")
+
+    # ------------------------------------------------------------------ contexts
+    @contextlib.contextmanager
+    def use(self, name: str, train: bool = False):
+        """Run the shared model as member ``name`` (only its adapter active)."""
+        model = self.peft_model
+        was_training = model.training
+        if model.active_adapter != name:
+            model.set_adapter(name)
+        model.train(train)
+        try:
+            yield model
+        finally:
+            model.train(was_training)
+
+    @contextlib.contextmanager
+    def reference(self):
+        """Run the base model alone: every adapter disabled."""
+        model = self.peft_model
+        was_training = model.training
+        model.eval()
+        try:
+            with model.disable_adapter():
+                yield model
+        finally:
+            model.train(was_training)
+
+    def lora_layers(self) -> Iterator[tuple[str, LoraLayer]]:
+        for n, m in self.peft_model.named_modules():
+            if isinstance(m, LoraLayer) and hasattr(m, "lora_A"):
+                yield n, m
+
+    def __repr__(self) -> str:
+        n_base = sum(p.numel() for p in self.base_parameters())
+        return f"SharedBase(base_params={n_base}, adapters={self.adapters()})"

@@ -1,0 +1,282 @@
+"""A population member: named LoRA adapter(s) on the shared base, an optimizer, and
+hyperparameters held in a dataclass.
+
+Algorithms (GRPO, LLMPPO, LLMREINFORCE) subclass :class:`LLMAgent` and implement
+``learn``; everything a population needs (clone, hyperparameter mutation, hooks,
+ids, release) lives here.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar
+
+import torch
+from peft import LoraConfig
+
+from ..adapters.shared import SharedBase, default_lora_config
+from .rollout import SamplingConfig, collate_prompts, forward_logprobs
+
+@dataclass
+class AgentConfig:
+    """Hyperparameters every LLM agent has."""
+
+    lr: float = 5e-5
+    batch_size: int = 16
+    update_epochs: int = 1
+    max_grad_norm: float | None = 1.0
+    beta: float = 0.0
+    clip_coef: float | tuple[float, float] = 0.2
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_output_tokens: int = 32
+    max_model_len: int | None = None
+    logprob_chunk_rows: int = 8
+    weight_decay: float = 0.0
+    seed: int = 42
+
+    def clip_bounds(self) -> tuple[float, float]:
+        c = self.clip_coef
+        if isinstance(c, (tuple, list)):
+            return float(c[0]), float(c[1])
+        return 1.0 - float(c), 1.0 + float(c)
+
+
+def build_config(config_cls, config, overrides: dict) -> Any:
+    """``config`` (or defaults) with keyword overrides; unknown keys are a one-line error."""
+    cfg = copy.deepcopy(config) if config is not None else config_cls()
+    names = {f.name for f in dataclasses.fields(cfg)}
+    unknown = sorted(set(overrides) - names)
+    if unknown:
+        raise TypeError(f"{config_cls.__name__} has no field(s) {unknown}; valid fields: {sorted(names)}")
+    cfg = dataclasses.replace(cfg, **overrides)
+    if hasattr(cfg, "validate"):
+        cfg.validate()
+    return cfg
+
+
+class LLMAgent:
+    """Base class of every algorithm. Not used directly."""
+
+    config_cls: ClassVar[type] = AgentConfig
+    #: hyperparameters the evolution engine may change (beyond ``lora_rank``)
+    MUTABLE: ClassVar[tuple[str, ...]] = ("lr", "beta", "clip_coef", "temperature", "top_p", "top_k",
+                                          "max_grad_norm", "update_epochs", "batch_size")
+    #: adapter roles a member owns; PPO adds "critic"
+    ROLES: ClassVar[tuple[str, ...]] = ("actor",)
+
+    def __init__(self, actor_network: torch.nn.Module, pad_token_id: int, pad_token: str | None = None,
+                 *, eos_token_id: int | None = None, config=None, hp_config=None, index: int | None = None,
+                 lora_config: LoraConfig | None = None, device: str | torch.device | None = None,
+                 **hyperparameters):
+        self.config = build_config(self.config_cls, config, hyperparameters)
+        self.pad_token_id = int(pad_token_id)
+        self.pad_token = pad_token
+        if eos_token_id is None:
+            eos_token_id = getattr(getattr(actor_network, "generation_config", None), "eos_token_id", None)
+            if isinstance(eos_token_id, (list, tuple)):
+                eos_token_id = eos_token_id[0]
+        self.eos_token_id = eos_token_id if eos_token_id is not None else self.pad_token_id
+        self.lora_config = copy.deepcopy(lora_config) if lora_config is not None else default_lora_config()
+        if device is not None:
+            actor_network.to(device)
+        self.shared, self.index = SharedBase.attach(actor_network, self.lora_config, index, self.ROLES)
+        self._init_extra_modules()
+        self.optimizer = self._build_optimizer()
+        self.hp_config = hp_config
+        if hp_config is not None and hasattr(hp_config, "validate_for"):
+            hp_config.validate_for(self)
+        self.fitness: list[float] = []
+        self.scores: list[float] = []
+        self.steps: int = 0
+        self.mutation_hooks: list[Callable] = []
+        self.last_mutation = None
+        self.released = False
+
+    # ------------------------------------------------------------------ identity
+    def adapter_name(self, role: str = "actor") -> str:
+        return SharedBase.member_adapter(self.index, role)
+
+    @property
+    def device(self) -> torch.device:
+        return self.shared.device
+
+    @property
+    def actor(self):
+        """The shared PeftModel, for code that wants the raw module."""
+        return self.shared.model
+
+    def __getattr__(self, name: str):
+        # hyperparameters read as attributes: agent.lr, agent.beta, ...
+        config = self.__dict__.get("config")
+        if config is not None and name in {f.name for f in dataclasses.fields(config)}:
+            return getattr(config, name)
+        raise AttributeError(f"{type(self).__name__!s} has no attribute {name!r}")
+
+    @property
+    def lora_rank(self) -> int:
+        return int(self.shared.config(self.adapter_name("actor")).r)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(index={self.index}, lora_rank={self.lora_rank}, lr={self.config.lr:g})"
+
+    # ------------------------------------------------------------------ parts overridden by algorithms
+    def _init_extra_modules(self) -> None:
+        """Create non-adapter trainable modules (e.g. PPO's value head)."""
+
+    def _extra_parameters(self) -> dict[str, list[torch.nn.Parameter]]:
+        return {}
+
+    def _param_groups(self) -> list[dict]:
+        """One optimizer param group per role, so each can carry its own learning rate."""
+        groups = [{"name": "actor", "params": self.shared.parameters(self.adapter_name("actor")),
+                   "lr": self.config.lr}]
+        return groups
+
+    def _build_optimizer(self) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(self._param_groups(), lr=self.config.lr, weight_decay=self.config.weight_decay)
+
+    def reinit_optimizers(self) -> None:
+        """Rebuild the optimizer from scratch (fresh moments) with the current hyperparameters."""
+        self.optimizer = self._build_optimizer()
+
+    # ------------------------------------------------------------------ hyperparameters
+    def mutable_hyperparameters(self) -> tuple[str, ...]:
+        return tuple(self.MUTABLE) + ("lora_rank",)
+
+    def get_hyperparameter(self, name: str):
+        if name == "lora_rank":
+            return self.lora_rank
+        if name not in self.MUTABLE:
+            raise ValueError(f"{name!r} cannot evolve on {type(self).__name__}; "
+                             f"valid names: {sorted(self.mutable_hyperparameters())}")
+        return getattr(self.config, name)
+
+    def set_hyperparameter(self, name: str, value) -> None:
+        """Set a hyperparameter so that it takes effect where it is used."""
+        if name == "lora_rank":
+            self.set_lora_rank(int(value))
+            return
+        self.get_hyperparameter(name)  # validates the name
+        setattr(self.config, name, value)
+        self._apply_hyperparameter(name, value)
+
+    def _apply_hyperparameter(self, name: str, value) -> None:
+        """Push a new value into the objects that cache it. Values read from ``self.config`` at use
+        time (beta, clip_coef, sampling settings, epochs, batch size) need nothing here."""
+        if name == "lr":
+            self._set_group_lr("actor", value)
+
+    def _set_group_lr(self, group_name: str, lr: float) -> None:
+        for group in self.optimizer.param_groups:
+            if group.get("name") == group_name:
+                group["lr"] = lr  # in place: Adam moments are kept
+
+    def set_lora_rank(self, rank: int) -> None:
+        from ..adapters.resize import resize_member
+        resize_member(self, rank)
+
+    # ------------------------------------------------------------------ population methods
+    def register_mutation_hook(self, hook: Callable) -> None:
+        """``hook(agent)`` runs after every mutation and clone; hooks are inherited by clones."""
+        self.mutation_hooks.append(hook)
+
+    def run_mutation_hooks(self) -> None:
+        for hook in self.mutation_hooks:
+            hook(self)
+
+    def clone(self, index: int | None = None, wrap: bool = True) -> "LLMAgent":
+        """A new member on the same base: in-memory copies of the adapters, extra modules and
+        optimizer state; copied hyperparameters, fitness history and hooks."""
+        new = object.__new__(type(self))
+        new.index = self.shared.reserve_index(index)
+        new.shared = self.shared
+        for role in self.ROLES:
+            self.shared.copy_adapter(self.adapter_name(role), new.adapter_name(role))
+        new.config = copy.deepcopy(self.config)
+        new._init_extra_modules()
+        for key, params in self._extra_parameters().items():
+            with torch.no_grad():
+                for dst, src in zip(new._extra_parameters()[key], params):
+                    dst.copy_(src)
+        copy_attributes(self, new)
+        new.optimizer = new._build_optimizer()
+        new.optimizer.load_state_dict(_clone_optimizer_state(self.optimizer.state_dict()))
+        return new
+
+    def release(self) -> None:
+        """Free this member's adapters and optimizer state (the shared base is untouched)."""
+        if self.released:
+            return
+        for role in self.ROLES:
+            self.shared.delete_adapter(self.adapter_name(role))
+        self.optimizer = None
+        self.released = True
+
+    # ------------------------------------------------------------------ checkpoints
+    def save_checkpoint(self, path) -> None:
+        """Adapter(s) in PEFT's format + optimizer state (safetensors) + hyperparameters (JSON)."""
+        from ..checkpoint import save_agent
+        save_agent(self, path)
+
+    def load_checkpoint(self, path, merge_lora_configs: bool = False) -> None:
+        """Load a checkpoint into this live member. A LoRA rank that differs from the live one is a
+        ``ValueError`` unless ``merge_lora_configs`` (then the larger rank wins, function preserved)."""
+        from ..checkpoint import load_agent
+        load_agent(self, path, merge_lora_configs=merge_lora_configs)
+
+    # ------------------------------------------------------------------ model access
+    def sampling_config(self, training: bool = True, group_size: int = 1) -> SamplingConfig:
+        c = self.config
+        return SamplingConfig(max_new_tokens=c.max_output_tokens, temperature=c.temperature, top_p=c.top_p,
+                              top_k=c.top_k, do_sample=training, num_return_sequences=group_size if training else 1)
+
+    def get_logprobs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                     use_reference: bool = False, with_entropy: bool = False):
+        """``[B, L-1]`` per-token log-probs of ``input_ids[:, 1:]`` under this member's actor (or the
+        reference: the base with adapters disabled). No gradients."""
+        ctx = self.shared.reference() if use_reference else self.shared.use(self.adapter_name("actor"))
+        with torch.no_grad(), ctx as model:
+            return forward_logprobs(model, input_ids, attention_mask, self.config.temperature,
+                                    self.config.logprob_chunk_rows, with_entropy)
+
+    def _collate(self, prompts):
+        return collate_prompts(prompts, self.pad_token_id)
+
+    def optimizer_step(self, loss: torch.Tensor, params: list[torch.nn.Parameter]) -> float:
+        """Backward, clip, step. Returns the gradient norm before clipping."""
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        max_norm = self.config.max_grad_norm
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm else float("inf"))
+        self.optimizer.step()
+        return float(norm)
+
+
+def copy_attributes(agent: LLMAgent, clone: LLMAgent) -> LLMAgent:
+    """Copy the non-network attributes of ``agent`` onto ``clone`` (ids and adapters excepted)."""
+    skip = {"index", "shared", "optimizer", "config", "released", "value_head"}
+    for key, value in agent.__dict__.items():
+        if key in skip:
+            continue
+        if key == "mutation_hooks":
+            clone.mutation_hooks = list(value)
+        elif isinstance(value, (list, dict, set)) or dataclasses.is_dataclass(value):
+            clone.__dict__[key] = copy.deepcopy(value)
+        else:
+            clone.__dict__[key] = value
+    clone.config = copy.deepcopy(agent.config)
+    clone.released = False
+    return clone
+
+
+def _clone_optimizer_state(state: dict) -> dict:
+    """A deep copy of an optimizer state dict (``load_state_dict`` alone would alias moment tensors)."""
+    return {
+        "state": {k: {n: (t.clone() if torch.is_tensor(t) else copy.deepcopy(t)) for n, t in s.items()}
+                  for k, s in state["state"].items()},
+        "param_groups": copy.deepcopy(state["param_groups"]),
+    }

@@ -1,0 +1,132 @@
+"""Mutation of a population's hyperparameters and adapter ranks.
+
+:class:`Mutations` draws one mutation kind per agent: ``"none"``, ``"rl_hp"``
+(one hyperparameter from the agent's ``hp_config``, other than ``lora_rank``,
+is perturbed or resampled) or ``"lora_rank"`` (the adapters are resized).
+All random decisions come from one ``numpy.random.Generator`` seeded with
+``rand_seed``, so the same seed gives the same sequence of mutations.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+from evollm.hpo.parameters import LORA_RANK
+from evollm.hpo.protocol import MutationRecord
+
+KINDS: tuple[str, ...] = ("none", "rl_hp", "lora_rank")
+
+
+class Mutations:
+    """Applies random mutations to agents in place.
+
+    Args:
+        no_mutation: relative probability of leaving an agent unchanged.
+        rl_hp: relative probability of mutating one RL hyperparameter.
+        lora_rank: relative probability of resizing the adapters; only applies
+            to agents whose ``hp_config`` contains ``lora_rank``.
+        explore_prob: probability that a mutation resamples the value over its
+            whole range instead of perturbing it.
+        rand_seed: seed of the generator behind every random decision.
+
+    Probabilities are normalised. For each agent, the mass of a kind that
+    cannot apply (``lora_rank`` not in its config, no RL hyperparameter in
+    its config, no config at all) is dropped and the rest renormalised; when
+    nothing is left the agent is not mutated.
+    """
+
+    def __init__(self, no_mutation: float = 0.4, rl_hp: float = 0.6,
+                 lora_rank: float = 0.0, explore_prob: float = 0.0,
+                 rand_seed: Optional[int] = None) -> None:
+        probs = {"no_mutation": no_mutation, "rl_hp": rl_hp, "lora_rank": lora_rank}
+        for name, p in probs.items():
+            if not np.isfinite(p) or p < 0:
+                raise ValueError(f"Mutations.{name} must be a finite probability >= 0, got {p!r}")
+        total = sum(probs.values())
+        if total <= 0:
+            raise ValueError("Mutations: no_mutation, rl_hp and lora_rank are all zero; "
+                             "at least one must be > 0")
+        if not 0.0 <= explore_prob <= 1.0:
+            raise ValueError(f"Mutations.explore_prob must be in [0, 1], got {explore_prob!r}")
+        self.no_mutation = no_mutation / total
+        self.rl_hp = rl_hp / total
+        self.lora_rank = lora_rank / total
+        self.explore_prob = float(explore_prob)
+        self.rand_seed = rand_seed
+        self.rng = np.random.default_rng(rand_seed)
+
+    def probabilities_for(self, agent: Any, pre_training_mut: bool = False) -> dict[str, float]:
+        """Normalised probability of each kind (``"none"``, ``"rl_hp"``,
+        ``"lora_rank"``) for ``agent``, after dropping kinds that cannot apply.
+
+        With ``pre_training_mut`` the ``"none"`` mass is dropped too, so every
+        agent that has something to evolve is mutated (useful to diversify a
+        freshly created population).
+        """
+        config = getattr(agent, "hp_config", None)
+        weights = {"none": self.no_mutation, "rl_hp": self.rl_hp, "lora_rank": self.lora_rank}
+        if config is None or not config.rl_hp_names():
+            weights["rl_hp"] = 0.0
+        if config is None or LORA_RANK not in config:
+            weights["lora_rank"] = 0.0
+        if pre_training_mut and weights["rl_hp"] + weights["lora_rank"] > 0:
+            weights["none"] = 0.0
+        total = sum(weights.values())
+        if total <= 0:
+            return {"none": 1.0, "rl_hp": 0.0, "lora_rank": 0.0}
+        return {k: v / total for k, v in weights.items()}
+
+    def mutation(self, population: Sequence[Any], pre_training_mut: bool = False) -> list:
+        """Mutate every agent of ``population`` in place and return it as a list.
+
+        Each agent gets ``agent.last_mutation`` (a :class:`MutationRecord`);
+        ``agent.run_mutation_hooks()`` is called for each agent that was
+        mutated (kind other than ``"none"``).
+        """
+        population = list(population)
+        for agent in population:
+            self.mutate_agent(agent, pre_training_mut=pre_training_mut)
+        return population
+
+    def mutate_agent(self, agent: Any, pre_training_mut: bool = False) -> MutationRecord:
+        """Mutate one agent in place; returns (and sets) ``agent.last_mutation``."""
+        config = getattr(agent, "hp_config", None)
+        if config is not None:
+            config.validate_for(agent)
+        probs = self.probabilities_for(agent, pre_training_mut=pre_training_mut)
+        kind = KINDS[int(self.rng.choice(len(KINDS), p=[probs[k] for k in KINDS]))]
+        if kind == "rl_hp":
+            record = self._mutate_rl_hp(agent)
+        elif kind == "lora_rank":
+            record = self._mutate_lora_rank(agent)
+        else:
+            record = MutationRecord(kind="none")
+        agent.last_mutation = record
+        if record.kind != "none":
+            agent.run_mutation_hooks()
+        return record
+
+    def _mutate_rl_hp(self, agent: Any) -> MutationRecord:
+        names = agent.hp_config.rl_hp_names()
+        name = names[int(self.rng.integers(len(names)))]
+        param = agent.hp_config[name]
+        old = agent.get_hyperparameter(name)
+        new, explored = param.mutate(old, self.rng, self.explore_prob)
+        agent.set_hyperparameter(name, new)
+        return MutationRecord(kind="rl_hp", name=name, old=old, new=new, explored=explored)
+
+    def _mutate_lora_rank(self, agent: Any) -> MutationRecord:
+        param = agent.hp_config[LORA_RANK]
+        old = int(agent.lora_rank)
+        new, explored = param.mutate(old, self.rng, self.explore_prob)
+        new = int(new)
+        if new != old:  # resizing to the same rank would only waste work
+            agent.set_lora_rank(new)
+        return MutationRecord(kind="lora_rank", name=LORA_RANK, old=old, new=new,
+                              explored=explored)
+
+    def __repr__(self) -> str:
+        return (f"Mutations(no_mutation={self.no_mutation:.3g}, rl_hp={self.rl_hp:.3g}, "
+                f"lora_rank={self.lora_rank:.3g}, explore_prob={self.explore_prob}, "
+                f"rand_seed={self.rand_seed})")

@@ -1,0 +1,108 @@
+"""Seeding an initial population's hyperparameters, optionally with Optuna.
+
+A quasi-random (``QMCSampler``) or model-based (``TPESampler``) sampler
+covers the search space more evenly than independent uniform draws, which
+matters for the small populations that fit on one shared base model.
+"""
+from __future__ import annotations
+
+import warnings
+from typing import Any, Optional, Union
+
+import numpy as np
+import optuna
+from optuna.distributions import (BaseDistribution, CategoricalDistribution,
+                                  FloatDistribution, IntDistribution)
+
+from evollm.hpo.parameters import HyperparameterConfig, RLParameter
+
+_SAMPLERS_BY_NAME = {
+    "random": lambda seed: optuna.samplers.RandomSampler(seed=seed),
+    "tpe": lambda seed: optuna.samplers.TPESampler(seed=seed),
+    "qmc": lambda seed: optuna.samplers.QMCSampler(seed=seed, scramble=True),
+}
+
+
+def _sampler_by_name(name: str, seed: Optional[int]) -> optuna.samplers.BaseSampler:
+    """Build a sampler from its short name (experimental-API warnings silenced)."""
+    try:
+        factory = _SAMPLERS_BY_NAME[name.lower()]
+    except KeyError:
+        raise ValueError(f"unknown sampler {name!r}; "
+                         f"use one of {sorted(_SAMPLERS_BY_NAME)} or a sampler instance"
+                         ) from None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        return factory(seed)
+
+
+def parameter_to_distribution(param: RLParameter) -> BaseDistribution:
+    """Optuna distribution matching one :class:`RLParameter`."""
+    if param.is_categorical:
+        return CategoricalDistribution(list(param.choices))
+    if param.dtype is int:
+        return IntDistribution(int(param.min), int(param.max), log=param.log)
+    return FloatDistribution(float(param.min), float(param.max), log=param.log)
+
+
+def hp_config_to_distributions(hp_config: HyperparameterConfig) -> dict[str, BaseDistribution]:
+    """One Optuna distribution per parameter of ``hp_config`` (same order)."""
+    return {name: parameter_to_distribution(p) for name, p in hp_config.items()}
+
+
+def _to_python(value: Any) -> Any:
+    """Turn numpy scalars into plain Python values."""
+    return value.item() if isinstance(value, np.generic) else value
+
+
+def initial_population_hyperparameters(
+    hp_config: HyperparameterConfig,
+    n: int,
+    sampler: Union[optuna.samplers.BaseSampler, str, None] = None,
+    seed: Optional[int] = None,
+) -> list[dict[str, Any]]:
+    """Draw hyperparameters for ``n`` initial agents.
+
+    Args:
+        hp_config: the evolvable parameters.
+        n: number of agents.
+        sampler: ``None`` draws each value independently with
+            :meth:`RLParameter.sample`; an Optuna sampler instance (e.g.
+            ``QMCSampler(seed=0)``) draws the ``n`` points through an in-memory
+            study; the names ``"random"``, ``"tpe"`` and ``"qmc"`` (scrambled
+            Sobol) build that sampler with ``seed``.
+        seed: seed for ``sampler=None`` or a sampler given by name; a sampler
+            instance carries its own seed.
+
+    Returns:
+        ``n`` dicts name -> value (ints are ``int``, floats ``float``,
+        categorical values taken from ``choices``), all within bounds.
+
+    Trials are completed with a constant objective value, since no fitness is
+    known yet; quasi-random samplers are unaffected by it and TPE then behaves
+    like a random sampler. With ``QMCSampler`` the first point is drawn at
+    random (Optuna infers the search space from it) and the following ones
+    follow the low-discrepancy sequence; an unscrambled sequence starts at the
+    lower corner of the space, hence ``scramble=True`` for ``"qmc"``.
+    """
+    if n < 0:
+        raise ValueError(f"n must be >= 0, got {n}")
+    if sampler is None:
+        rng = np.random.default_rng(seed)
+        return [hp_config.sample(rng) for _ in range(n)]
+    if isinstance(sampler, str):
+        sampler = _sampler_by_name(sampler, seed)
+    distributions = hp_config_to_distributions(hp_config)
+    verbosity = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    try:
+        study = optuna.create_study(sampler=sampler, direction="maximize")
+        draws = []
+        for _ in range(n):
+            trial = study.ask(distributions)
+            params = {name: _to_python(trial.params[name]) for name in distributions}
+            study.tell(trial, 0.0)
+            draws.append(params)
+    finally:
+        optuna.logging.set_verbosity(verbosity)
+    return [{name: hp_config[name].clamp(value) for name, value in d.items()} for d in draws]

@@ -1,0 +1,222 @@
+"""Selection of the next generation.
+
+Both selectors rank agents by a fitness score computed from
+``agent.fitness`` (the last value, or the mean of the last ``window``
+values), produce new members with ``winner.clone(index=new_id)`` and return a
+:class:`SelectionResult`. Member ids are never reused: each selector keeps a
+counter that continues after the largest id it has seen. Agents whose score
+is NaN rank below every other agent; ties are broken by the lower id.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Literal, Optional, Sequence
+
+import numpy as np
+
+FitnessMode = Literal["last", "mean"]
+
+
+@dataclass
+class SelectionResult:
+    """Outcome of one selection step.
+
+    Attributes:
+        elite: the best agent when it is kept unchanged in ``population``
+            (``None`` with ``TournamentSelection(elitism=False)``).
+        population: the new generation.
+        parents: new member id -> id of the agent it was cloned from.
+        mutate: members that should be mutated next (the clones).
+        dropped: old agents no longer in ``population``; the caller can free
+            their adapters and optimizer state.
+        scores: fitness score used for ranking, by old member id.
+        best_index: id of the best old agent (kept or not).
+    """
+
+    elite: Optional[Any]
+    population: list
+    parents: dict[int, int] = field(default_factory=dict)
+    mutate: list = field(default_factory=list)
+    dropped: list = field(default_factory=list)
+    scores: dict[int, float] = field(default_factory=dict)
+    best_index: Optional[int] = None
+
+
+class _Selection:
+    """Shared fitness scoring, validation, id counter and cloning."""
+
+    def __init__(self, population_size: Optional[int], fitness: str, window: Optional[int],
+                 eval_loop: int, rand_seed: Optional[int], next_index: Optional[int]) -> None:
+        if population_size is not None and population_size < 1:
+            raise ValueError(f"population_size must be >= 1, got {population_size}")
+        if fitness not in ("last", "mean"):
+            raise ValueError(f"fitness must be 'last' or 'mean', got {fitness!r}")
+        if eval_loop < 1:
+            raise ValueError(f"eval_loop must be >= 1, got {eval_loop}")
+        if window is not None and window < 1:
+            raise ValueError(f"window must be >= 1, got {window}")
+        if next_index is not None and next_index < 0:
+            raise ValueError(f"next_index must be >= 0, got {next_index}")
+        self.population_size = population_size
+        self.fitness = fitness
+        self.eval_loop = eval_loop
+        self.window = window if window is not None else eval_loop
+        self.rand_seed = rand_seed
+        self.rng = np.random.default_rng(rand_seed)
+        self.next_index = 0 if next_index is None else int(next_index)
+
+    def score(self, agent: Any) -> float:
+        """Ranking score of ``agent``: last fitness, or mean of the last ``window``."""
+        history = list(getattr(agent, "fitness", None) or [])
+        if not history:
+            raise ValueError(f"agent {agent.index} has no fitness value; "
+                             f"evaluate the population before selection")
+        values = history[-1:] if self.fitness == "last" else history[-self.window:]
+        value = float(np.mean(np.asarray(values, dtype=float)))
+        return -math.inf if math.isnan(value) else value
+
+    def _check(self, population: Sequence[Any]) -> dict[int, float]:
+        """Validate the population, advance the id counter, return scores by id."""
+        if not population:
+            raise ValueError("population is empty")
+        if self.population_size is not None and len(population) != self.population_size:
+            raise ValueError(f"population has {len(population)} agents but "
+                             f"population_size={self.population_size}")
+        ids = [int(a.index) for a in population]
+        duplicates = sorted({i for i in ids if ids.count(i) > 1})
+        if duplicates:
+            raise ValueError(f"duplicate agent ids in population: {duplicates}")
+        self.next_index = max(self.next_index, max(ids) + 1)
+        return {int(a.index): self.score(a) for a in population}
+
+    @staticmethod
+    def _ranked(population: Sequence[Any], scores: dict[int, float]) -> list:
+        """Agents best first; ties broken by lower id."""
+        return sorted(population, key=lambda a: (-scores[int(a.index)], int(a.index)))
+
+    def _clone(self, parent: Any, parents: dict[int, int]) -> Any:
+        """Clone ``parent`` with a fresh id and run its hooks."""
+        new_id = self.next_index
+        self.next_index += 1
+        child = parent.clone(index=new_id)
+        child.run_mutation_hooks()
+        parents[new_id] = int(parent.index)
+        return child
+
+
+class TournamentSelection(_Selection):
+    """Tournament selection with optional elitism.
+
+    Args:
+        tournament_size: members per tournament, drawn WITHOUT replacement
+            (so ``1 <= tournament_size <= population_size``); the best wins.
+        elitism: keep the best agent unchanged (same object) in slot 0.
+        population_size: expected population size (``None``: that of the
+            list passed to :meth:`select`).
+        eval_loop: number of evaluations per generation; the default
+            ``window`` for ``fitness="mean"``.
+        fitness: ``"last"`` (last fitness value) or ``"mean"`` (mean of the
+            last ``window`` values).
+        window: number of recent values averaged with ``fitness="mean"``.
+        rand_seed: seed of the tournament draws.
+        next_index: first id to give to clones (it is raised past the largest
+            id seen anyway).
+
+    Every non-elite slot is a clone of a tournament winner; the clones are
+    the members to mutate.
+    """
+
+    def __init__(self, tournament_size: int, elitism: bool = True,
+                 population_size: Optional[int] = None, eval_loop: int = 1,
+                 fitness: FitnessMode = "last", window: Optional[int] = None,
+                 rand_seed: Optional[int] = None, next_index: Optional[int] = None) -> None:
+        super().__init__(population_size, fitness, window, eval_loop, rand_seed, next_index)
+        if tournament_size < 1:
+            raise ValueError(f"tournament_size must be >= 1, got {tournament_size}")
+        if population_size is not None and tournament_size > population_size:
+            raise ValueError(f"tournament_size ({tournament_size}) must be <= "
+                             f"population_size ({population_size})")
+        self.tournament_size = int(tournament_size)
+        self.elitism = bool(elitism)
+
+    def _tournament(self, population: Sequence[Any], scores: dict[int, float]) -> Any:
+        picks = self.rng.choice(len(population), size=self.tournament_size, replace=False)
+        contenders = [population[int(i)] for i in picks]
+        return self._ranked(contenders, scores)[0]
+
+    def select(self, population: Sequence[Any]) -> SelectionResult:
+        """Build the next generation (see the class docstring)."""
+        population = list(population)
+        if self.tournament_size > len(population):
+            raise ValueError(f"tournament_size ({self.tournament_size}) must be <= "
+                             f"population_size ({len(population)})")
+        scores = self._check(population)
+        best = self._ranked(population, scores)[0]
+        parents: dict[int, int] = {}
+        new_population = [best] if self.elitism else []
+        clones = [self._clone(self._tournament(population, scores), parents)
+                  for _ in range(len(population) - len(new_population))]
+        new_population.extend(clones)
+        kept = {id(best)} if self.elitism else set()
+        dropped = [a for a in population if id(a) not in kept]
+        return SelectionResult(elite=best if self.elitism else None, population=new_population,
+                               parents=parents, mutate=clones, dropped=dropped,
+                               scores=scores, best_index=int(best.index))
+
+
+class TruncationSelection(_Selection):
+    """Truncation selection (population-based-training style exploit step).
+
+    The bottom ``quantile`` of the population (at least one agent) is
+    replaced, slot by slot, by clones of members drawn uniformly (with
+    replacement) from the top ``quantile``; the other agents survive as the
+    same objects and are not mutated.
+
+    Args:
+        population_size: expected population size (``None``: that of the
+            list passed to :meth:`select`); at least 2.
+        quantile: fraction replaced, in ``(0, 0.5]``.
+        fitness, window, eval_loop, rand_seed, next_index: as in
+            :class:`TournamentSelection`.
+    """
+
+    def __init__(self, population_size: Optional[int] = None, quantile: float = 0.25,
+                 fitness: FitnessMode = "last", window: Optional[int] = None,
+                 rand_seed: Optional[int] = None, next_index: Optional[int] = None,
+                 eval_loop: int = 1) -> None:
+        super().__init__(population_size, fitness, window, eval_loop, rand_seed, next_index)
+        if not 0.0 < quantile <= 0.5:
+            raise ValueError(f"quantile must be in (0, 0.5], got {quantile!r}")
+        if population_size is not None and population_size < 2:
+            raise ValueError(f"population_size must be >= 2 for truncation, "
+                             f"got {population_size}")
+        self.quantile = float(quantile)
+
+    def n_replaced(self, population_size: int) -> int:
+        """How many agents a population of this size loses per selection."""
+        return max(1, int(math.floor(self.quantile * population_size + 1e-9)))
+
+    def select(self, population: Sequence[Any]) -> SelectionResult:
+        """Build the next generation (see the class docstring)."""
+        population = list(population)
+        if len(population) < 2:
+            raise ValueError(f"truncation needs at least 2 agents, got {len(population)}")
+        scores = self._check(population)
+        ranked = self._ranked(population, scores)
+        k = self.n_replaced(len(population))
+        top, bottom = ranked[:k], ranked[-k:]
+        bottom_ids = {id(a) for a in bottom}
+        parents: dict[int, int] = {}
+        new_population, clones = [], []
+        for agent in population:
+            if id(agent) in bottom_ids:
+                parent = top[int(self.rng.integers(len(top)))]
+                child = self._clone(parent, parents)
+                clones.append(child)
+                new_population.append(child)
+            else:
+                new_population.append(agent)
+        return SelectionResult(elite=ranked[0], population=new_population, parents=parents,
+                               mutate=clones, dropped=list(bottom), scores=scores,
+                               best_index=int(ranked[0].index))
