@@ -1,0 +1,121 @@
+"""``evollm train CONFIG.yaml``: build everything from a YAML run config, train the
+population, and write the report, lineage, plots and the best member's adapter."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+import time
+from pathlib import Path
+
+ALGORITHMS = {
+    "GRPO": "evollm.algorithms.grpo:GRPO",
+    "GSPO": "evollm.algorithms.grpo:GSPO",
+    "CISPO": "evollm.algorithms.grpo:CISPO",
+    "LLMPPO": "evollm.algorithms.ppo:LLMPPO",
+    "LLMREINFORCE": "evollm.algorithms.reinforce:LLMREINFORCE",
+}
+
+
+def algorithm_class(name: str):
+    if name not in ALGORITHMS:
+        raise ValueError(f"algorithm.name={name!r} is not valid; choose one of {sorted(ALGORITHMS)}")
+    module, attr = ALGORITHMS[name].split(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def build_population(cfg, model, tokenizer, hp_config):
+    """The members of the population on ONE shared base."""
+    from .adapters.shared import default_lora_config
+
+    alg = dict(cfg.algorithm)
+    cls = algorithm_class(alg.get("name", "GRPO"))
+    size = int(alg.get("population_size", 1))
+    lora = default_lora_config(**(alg.get("lora") or {}))
+    hps = dict(alg.get("hyperparameters") or {})
+    hps.setdefault("seed", cfg.seed)
+    init = None
+    if alg.get("init_sampler") and hp_config is not None:
+        from .hpo import initial_population_hyperparameters
+        init = initial_population_hyperparameters(hp_config, size, sampler=alg["init_sampler"], seed=cfg.seed)
+    members = []
+    for i in range(size):
+        agent = cls(model, pad_token_id=tokenizer.pad_token_id, pad_token=tokenizer.pad_token,
+                    eos_token_id=tokenizer.eos_token_id, hp_config=hp_config, lora_config=lora, **hps)
+        for name, value in (init[i] if init else {}).items():
+            agent.set_hyperparameter(name, value)
+        members.append(agent)
+    return members
+
+
+def train(config_path: str, overrides: list[str] | None = None, quiet: bool = False) -> dict:
+    import torch
+
+    from .config import RunConfig, build_hpo, build_model
+
+    cfg = RunConfig.from_yaml(config_path, overrides)
+    torch.manual_seed(cfg.seed)
+    out = Path(cfg.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=1))
+    t0 = time.perf_counter()
+    model, tokenizer = build_model(cfg.model, cfg.seed)
+    size = int(cfg.algorithm.get("population_size", 1))
+    hp_config, mutation, selection = build_hpo(cfg.hpo, size, cfg.seed)
+    members = build_population(cfg, model, tokenizer, hp_config)
+    train_cfg = dict(cfg.train)
+    evo_steps = train_cfg.pop("evo_steps", None)
+    if evo_steps is None:
+        mutation = selection = None
+    env_type = cfg.env.get("type", "reasoning")
+    print(f"evollm: {len(members)} x {type(members[0]).__name__} on one shared base "
+          f"({sum(p.numel() for p in members[0].shared.base_parameters()):,} base parameters), env={env_type}")
+    if env_type == "reasoning":
+        from .runners import run_reasoning
+        result = run_reasoning(cfg, members, tokenizer, train_cfg, evo_steps, selection, mutation, quiet)
+    elif env_type == "multiturn":
+        from .runners import run_multiturn
+        result = run_multiturn(cfg, members, tokenizer, train_cfg, evo_steps, selection, mutation, quiet)
+    else:
+        raise ValueError(f"env.type={env_type!r} is not valid; choose one of ['reasoning', 'multiturn']")
+    agents, population = result["agents"], result["population"]
+    paths = population.write(out)
+    best = population.best()
+    best.save_checkpoint(out / "best_member")
+    result["wall_time_s"] = time.perf_counter() - t0
+    summary = {k: v for k, v in result.items() if k not in ("agents", "population")}
+    summary.update(best_member=best.index, outputs={k: str(v) for k, v in paths.items()})
+    (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
+    report = population.report()
+    print("\nLast rows of the report:")
+    cols = [c for c in ("step", "generation", "member", "parent", "fitness", "train_reward", "hp_lr", "hp_beta",
+                        "hp_clip_coef", "hp_lora_rank") if c in report.columns]
+    print(report[cols].tail(2 * len(agents)).to_string(index=False))
+    print(f"\nwarm start fitness {result['initial_fitness']:.3f} -> best member {best.index} "
+          f"fitness {result['final_fitness']:.3f}   ({result['wall_time_s']:.0f} s)")
+    print(f"outputs in {out}/: report.csv, lineage.csv, fitness.png, hyperparameters.png, best_member/")
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="evollm", description="Evolutionary RL fine-tuning of causal LLMs")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p_train = sub.add_parser("train", help="train a population from a YAML config")
+    p_train.add_argument("config")
+    p_train.add_argument("--set", dest="overrides", action="append", default=[],
+                         help="override a config value, e.g. --set train.max_steps=10")
+    p_train.add_argument("--quiet", action="store_true", help="no progress bar")
+    args = parser.parse_args(argv)
+    if args.command == "train":
+        try:
+            train(args.config, args.overrides, args.quiet)
+        except (ValueError, TypeError, FileNotFoundError) as e:
+            print(f"evollm: error: {e}", file=sys.stderr)
+            return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,29 @@
+"""What ``evollm train`` runs for each kind of environment: build the env, measure the
+warm start, train, measure again."""
+
+from __future__ import annotations
+
+from .training.batched import evaluate_population
+
+
+def run_reasoning(cfg, members, tokenizer, train_cfg: dict, evo_steps, selection, mutation, quiet: bool) -> dict:
+    from .config import build_task
+    from .envs.reasoning import ReasoningGym
+    from .training.loop import finetune_llm_reasoning
+
+    train_ds, test_ds, reward_fn, template = build_task(cfg.task, cfg.seed)
+    env_cfg = {k: v for k, v in cfg.env.items() if k != "type"}
+    env = ReasoningGym(train_ds, test_ds, tokenizer, reward_fn, template, seed=cfg.seed, **env_cfg)
+    initial = evaluate_population(members[:1], env, record=False)[0]
+    print(f"warm start: held-out accuracy {initial:.3f} on {len(env.test_prompts())} fixed test questions")
+    agents, population = finetune_llm_reasoning(
+        members, env, evo_steps=evo_steps, tournament=selection, mutation=mutation, verbose=not quiet,
+        seed=cfg.seed, **train_cfg)
+    final = max(a.fitness[-1] for a in agents)
+    return {"agents": agents, "population": population, "initial_fitness": initial, "final_fitness": final}
+
+
+def run_multiturn(cfg, members, tokenizer, train_cfg: dict, evo_steps, selection, mutation, quiet: bool) -> dict:
+    from .training.multiturn import run_multiturn_from_config
+
+    return run_multiturn_from_config(cfg, members, tokenizer, train_cfg, evo_steps, selection, mutation, quiet)
