@@ -129,3 +129,22 @@ def test_clone_copies_hyperparameters_and_hooks(tiny):
     assert parent.lr == 3e-4 and parent.optimizer.param_groups[0]["lr"] == 3e-4
     child.run_mutation_hooks()
     assert calls == [child.index]
+
+
+def test_shared_prompt_prefix_matches_plain_generation(tiny, arithmetic_env):
+    """Prefilling each prompt once and repeating its KV cache gives the same tokens."""
+    from evollm.algorithms.rollout import SamplingConfig, collate_prompts, generate
+
+    model, tok = tiny
+    pop = make_grpo(model, tok, n=2)
+    for i, a in enumerate(pop):
+        _randomise(a, i)
+    ids, mask = collate_prompts(arithmetic_env.reset(), tok.pad_token_id)
+    names = [a.adapter_name() for a in pop]
+    greedy = dict(max_new_tokens=5, do_sample=False)
+    with routed(pop[0].shared, names, [ids.shape[0]] * 2) as m:
+        shared_prefix = generate(m, ids.repeat(2, 1), mask.repeat(2, 1), SamplingConfig(num_return_sequences=3, **greedy),
+                                 tok.pad_token_id, tok.eos_token_id)
+        plain = generate(m, ids.repeat(2, 1).repeat_interleave(3, 0), mask.repeat(2, 1).repeat_interleave(3, 0),
+                         SamplingConfig(num_return_sequences=1, **greedy), tok.pad_token_id, tok.eos_token_id)
+    assert torch.equal(shared_prefix, plain)

@@ -6,7 +6,9 @@ members' LoRA matrices are stacked per layer (ranks zero-padded to the largest,
 each member's ``alpha / r`` folded into its B) and applied with one batched
 matmul, so eight members cost about what one does.
 
-Rows are given as contiguous blocks, one block per adapter (``counts``). When all
+Rows are given as contiguous blocks, one block per adapter (``counts``). A forward pass
+may carry a whole multiple ``k`` of ``sum(counts)`` rows (e.g. ``k`` samples per prompt
+after ``repeat_interleave``): block ``i`` then has ``k * counts[i]`` rows. When all
 blocks have the same size the batch is simply reshaped to ``[N, rows*T, d]``;
 otherwise each row gathers its member's matrices.
 
@@ -60,10 +62,8 @@ class _Router:
         self.total = sum(self.counts)
         self.differentiable = differentiable
         self.uniform = len(set(self.counts)) == 1
-        device = shared.device
-        self.row_index = torch.repeat_interleave(
-            torch.arange(len(names), device=device), torch.tensor(self.counts, device=device)
-        )
+        self.device = shared.device
+        self._row_index: dict[int, torch.Tensor] = {}
         self.layers = [m for _, m in shared.lora_layers() if all(n in m.lora_A for n in names)]
         self.stacks: dict[int, _LayerStack] = {}
         if not differentiable:
@@ -73,8 +73,8 @@ class _Router:
     def delta(self, layer, x: torch.Tensor) -> torch.Tensor:
         stack = self.stacks.get(id(layer)) if not self.differentiable else _stack_layer(layer, self.names)
         rows = x.shape[0]
-        if rows != self.total:
-            raise RuntimeError(f"routed batch has {rows} rows but the routing plan covers {self.total}")
+        if rows % self.total:
+            raise RuntimeError(f"routed batch has {rows} rows; the routing plan covers multiples of {self.total}")
         x = x.to(stack.A.dtype)
         shape = x.shape
         if self.uniform:
@@ -83,10 +83,17 @@ class _Router:
             out = torch.bmm(torch.bmm(xs, stack.A), stack.B)
         else:
             xs = x.reshape(rows, -1, shape[-1])
-            A = stack.A[self.row_index]
-            B = stack.B[self.row_index]
+            index = self.row_index(rows // self.total)
+            A = stack.A[index]
+            B = stack.B[index]
             out = torch.bmm(torch.bmm(xs, A), B)
         return out.reshape(*shape[:-1], out.shape[-1])
+
+    def row_index(self, factor: int) -> torch.Tensor:
+        if factor not in self._row_index:
+            counts = torch.tensor(self.counts, device=self.device) * factor
+            self._row_index[factor] = torch.repeat_interleave(torch.arange(len(self.names), device=self.device), counts)
+        return self._row_index[factor]
 
     def hook(self, layer, args, output):
         return output + self.delta(layer, args[0]).to(output.dtype)

@@ -65,17 +65,25 @@ def action_mask_for(sequences: torch.Tensor, prompt_len: int, eos_token_id: int 
 
 @torch.no_grad()
 def generate(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, sampling: SamplingConfig,
-             pad_token_id: int, eos_token_id: int | None) -> torch.Tensor:
-    """One ``generate`` call; returns prompt + completion ids ``[rows * num_return_sequences, L]``."""
+             pad_token_id: int, eos_token_id: int | None, share_prefix: bool = True) -> torch.Tensor:
+    """One ``generate`` call; returns prompt + completion ids ``[rows * num_return_sequences, L]``.
+
+    With several samples per prompt the prompt is run through the model ONCE per prompt and its
+    KV cache repeated for the samples (``share_prefix``), instead of once per sample.
+    """
     device = next(model.parameters()).device
-    out = model.generate(
-        input_ids=input_ids.to(device),
-        attention_mask=attention_mask.to(device),
-        num_return_sequences=sampling.num_return_sequences,
-        pad_token_id=pad_token_id,
-        eos_token_id=eos_token_id,
-        **sampling.generate_kwargs(),
-    )
+    ids, mask = input_ids.to(device), attention_mask.to(device)
+    reps = sampling.num_return_sequences
+    kwargs = dict(pad_token_id=pad_token_id, eos_token_id=eos_token_id, **sampling.generate_kwargs())
+    if reps > 1 and share_prefix and ids.shape[1] > 1:
+        prefix = model(input_ids=ids[:, :-1], attention_mask=mask[:, :-1],
+                       position_ids=position_ids_from_mask(mask[:, :-1]), use_cache=True)
+        cache = prefix.past_key_values
+        cache.batch_repeat_interleave(reps)
+        out = model.generate(input_ids=ids.repeat_interleave(reps, 0), attention_mask=mask.repeat_interleave(reps, 0),
+                             past_key_values=cache, num_return_sequences=1, **kwargs)
+    else:
+        out = model.generate(input_ids=ids, attention_mask=mask, num_return_sequences=reps, **kwargs)
     width = input_ids.shape[1] + sampling.max_new_tokens
     if out.shape[1] < width:  # every row stopped early: pad to a fixed width
         pad = torch.full((out.shape[0], width - out.shape[1]), pad_token_id, dtype=out.dtype, device=out.device)

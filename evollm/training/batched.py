@@ -46,7 +46,7 @@ def generate_population(agents: Sequence, prompts: Sequence[dict], training: boo
                 model.eval()
                 seqs = generate(model, ids, mask, sampling, pad_id, eos_id)
         else:
-            with routed(shared, [m.adapter_name("actor") for m in members], [rows] * n) as model:
+            with routed(shared, [m.adapter_name("actor") for m in members], [ids.shape[0]] * n) as model:
                 seqs = generate(model, ids.repeat(n, 1), mask.repeat(n, 1), sampling, pad_id, eos_id)
         for i, member in enumerate(members):
             s = seqs[i * rows:(i + 1) * rows]

@@ -1,0 +1,122 @@
+"""LLMREINFORCE: value-free policy gradient with batch-normalised returns (ReBN).
+
+Read top to bottom in :meth:`LLMREINFORCE.learn`:
+
+1. stack the experiences: multi-turn episodes ``(ids, action_masks, turn_ids, rewards[B, K])`` or
+   single-turn samples ``(completion_ids, action_masks, rewards)`` (the call
+   :func:`~evollm.training.loop.finetune_llm_reasoning` makes, rewards ``[P, G]``);
+2. discounted return of every turn (``gamma`` across turns), z-scored over all valid
+   (episode, turn) cells of the batch (:func:`evollm.functional.rebn`), broadcast to the
+   turn's tokens; ``action_granularity="token"`` z-scores per-token returns instead, with
+   each turn's reward on its last token;
+3. policy-gradient loss ``-A * log pi`` (token mean).  With ``update_epochs > 1`` (or several
+   minibatches) the PPO clipped surrogate keeps later passes close to the sampling policy;
+   ``beta`` adds the k3 KL to the reference (the base with adapters disabled).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .. import functional as F
+from .base import AgentConfig, LLMAgent
+from .multiturn_rollout import (EpisodeAgent, EpisodeBatch, episode_batch, last_token_of_turn, pack_actions,
+                                unpack_actions)
+
+GRANULARITIES = ("turn", "token", "auto")
+
+
+@dataclass
+class LLMREINFORCEConfig(AgentConfig):
+    """REINFORCE hyperparameters (see :class:`AgentConfig` for the shared ones)."""
+
+    lr: float = 1e-4
+    gamma: float = 1.0
+    clip_coef: float = 0.2
+    update_epochs: int = 1
+    batch_size: int = 8
+    group_size: int = 1
+    action_granularity: str = "turn"
+
+    def validate(self) -> None:
+        if self.action_granularity not in GRANULARITIES:
+            raise ValueError(f"action_granularity={self.action_granularity!r}; choose one of {list(GRANULARITIES)}")
+        if self.batch_size < 1 or self.update_epochs < 1 or self.group_size < 1:
+            raise ValueError(f"batch_size, update_epochs and group_size must be >= 1, got {self.batch_size}, "
+                             f"{self.update_epochs}, {self.group_size}")
+        if not 0.0 <= self.gamma <= 1.0:
+            raise ValueError(f"gamma must be in [0, 1], got {self.gamma}")
+        lo, hi = self.clip_bounds()
+        if not 0 <= lo <= 1 <= hi:
+            raise ValueError(f"clip_coef={self.clip_coef!r} must give bounds lo <= 1 <= hi, got ({lo}, {hi})")
+
+
+class LLMREINFORCE(EpisodeAgent):
+    """Turn-level REINFORCE with ReBN on a LoRA adapter of a shared base model.
+
+    ``LLMREINFORCE(model, pad_token_id, pad_token, lr=1e-4, gamma=1.0, ...)``: any
+    :class:`LLMREINFORCEConfig` field as a keyword, or ``config=``. Works with
+    ``finetune_llm_reasoning`` (single turn, ``group_size`` samples per prompt) and
+    ``finetune_llm_multiturn``.
+    """
+
+    config_cls = LLMREINFORCEConfig
+    MUTABLE = LLMAgent.MUTABLE + ("gamma",)
+
+    def normalised_returns(self, batch: EpisodeBatch) -> torch.Tensor:
+        """``[B, T]`` per-token advantages: ReBN returns of each turn (or token) on its tokens."""
+        c = self.config
+        g = c.action_granularity
+        if g == "token" or (g == "auto" and batch.num_turns == 1):
+            last = last_token_of_turn(batch.turn_ids, batch.num_turns)
+            token_rewards = torch.where(last, F.broadcast_turn_values(batch.rewards, batch.turn_ids), 0.0)
+            r, m, index = pack_actions(token_rewards, batch.action_mask)
+            return unpack_actions(F.rebn(r, m, c.gamma), m, index, batch.action_mask.shape[1])
+        returns = F.rebn(batch.rewards, batch.turn_mask(), c.gamma)
+        return F.broadcast_turn_values(returns, batch.turn_ids) * batch.action_mask
+
+    def learn(self, experiences) -> dict[str, float]:
+        """One update from ``(ids, action_masks, turn_ids, rewards[B, K])`` or ``(completion_ids,
+        action_masks, rewards)``. Returns mean metrics (``mean_reward`` is the mean episode return)."""
+        c = self.config
+        batch = episode_batch(experiences, self.pad_token_id)
+        dev = self.device
+        ids, attn, mask = batch.input_ids.to(dev), batch.attention_mask.to(dev), batch.action_mask.to(dev)
+        advantages = self.normalised_returns(batch).to(dev)
+        n = ids.shape[0]
+        needs_old = c.update_epochs > 1 or c.batch_size < n
+        old_logp = self.get_logprobs(ids, attn) if needs_old else None
+        ref_logp = self.get_logprobs(ids, attn, use_reference=True) if c.beta > 0 else None
+        params = self.shared.parameters(self.adapter_name("actor"))
+
+        stats: dict[str, list[float]] = {k: [] for k in ("loss", "kl", "clip_fraction", "entropy", "grad_norm")}
+        gen = torch.Generator().manual_seed(c.seed + self.steps)
+        with self.shared.use(self.adapter_name("actor"), train=True) as model:
+            for _ in range(c.update_epochs):
+                order = torch.randperm(n, generator=gen)
+                for start in range(0, n, c.batch_size):
+                    rows = order[start:start + c.batch_size].to(dev)
+                    logits = self._forward_logits(model, ids[rows], attn[rows])
+                    logp = F.token_logprobs(logits, ids[rows][:, 1:])
+                    with torch.no_grad():
+                        entropy = F.masked_mean(F.entropy_from_logits(logits), mask[rows])
+                    del logits
+                    # with old == current (first pass) the clipped surrogate's gradient is exactly -A * grad log pi
+                    loss, st = F.policy_loss_with_stats(
+                        logp, old_logp[rows] if old_logp is not None else logp.detach(), advantages[rows], mask[rows],
+                        loss_type="bnpo", clip=c.clip_bounds(),
+                        ref_logp=ref_logp[rows] if ref_logp is not None else None, beta=c.beta)
+                    stats["grad_norm"].append(self.optimizer_step(loss, params))
+                    stats["loss"].append(float(loss.detach()))
+                    stats["kl"].append(st["kl"])
+                    stats["clip_fraction"].append(st["clip_fraction"])
+                    stats["entropy"].append(float(entropy))
+        self.steps += 1
+        metrics = {k: sum(v) / len(v) for k, v in stats.items()}
+        returns = batch.episode_returns()
+        metrics.update(mean_reward=float(returns.mean()), mean_return=float(returns.mean()),
+                       mean_turns=float(batch.turn_mask().sum(1).float().mean()),
+                       completion_length=float(batch.action_mask.sum(1).float().mean()))
+        return metrics
