@@ -120,6 +120,16 @@ class Population:
             rows.append(d)
         return pd.DataFrame(rows)
 
+    def to_optuna(self, study_name: str, storage: str | None = None, hp_config=None):
+        """Export the run as an Optuna study: one trial per member lineage segment, with its
+        hyperparameters and fitness, so Optuna's visualisations and importance tools work on it."""
+        from .hpo.optuna_utils import population_to_study
+
+        hp_config = hp_config or next((a.hp_config for a in self.members if a.hp_config is not None), None)
+        if hp_config is None:
+            raise ValueError("to_optuna needs an hp_config (none of the members has one)")
+        return population_to_study(self.lineage(), self.report(), hp_config, study_name, storage)
+
     def best(self):
         """The current member with the highest last fitness."""
         scored = [a for a in self.members if a.fitness]

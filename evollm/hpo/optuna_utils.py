@@ -106,3 +106,38 @@ def initial_population_hyperparameters(
     finally:
         optuna.logging.set_verbosity(verbosity)
     return [{name: hp_config[name].clamp(value) for name, value in d.items()} for d in draws]
+
+
+def population_to_study(lineage, report, hp_config: HyperparameterConfig, study_name: str,
+                        storage: Optional[str] = None, direction: str = "maximize") -> optuna.Study:
+    """One completed trial per member lineage segment (a member's life with one set of
+    hyperparameters): its ``hp_config`` values as params, its best fitness as the value.
+
+    Values outside a parameter's bounds (e.g. a founder's hand-set value) are clamped into them so
+    the distributions stay valid; the raw value is kept as a user attribute.
+    """
+    distributions = hp_config_to_distributions(hp_config)
+    study = optuna.create_study(study_name=study_name, storage=storage, direction=direction,
+                                load_if_exists=False)
+    for birth in lineage.to_dict("records"):
+        rows = report[report["member"] == birth["member"]]
+        if rows.empty:
+            continue
+        params, raw = {}, {}
+        for name, param in hp_config.items():
+            value = birth.get(f"hp_{name}")
+            if value is None or (isinstance(value, float) and value != value):
+                break
+            raw[name] = _to_python(value)
+            params[name] = param.clamp(int(round(value)) if param.dtype is int and not param.is_categorical
+                                       else _to_python(value))
+        else:
+            trial = optuna.trial.create_trial(
+                params=params, distributions=distributions, value=float(rows["fitness"].max()),
+                user_attrs={"member": int(birth["member"]), "generation": int(birth["generation"]),
+                            "parent": None if birth["parent"] is None or birth["parent"] != birth["parent"]
+                            else int(birth["parent"]),
+                            "mutation": birth["mutation"], "raw_params": raw,
+                            "evaluations": int(len(rows)), "last_fitness": float(rows["fitness"].iloc[-1])})
+            study.add_trial(trial)
+    return study

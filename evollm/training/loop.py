@@ -122,7 +122,7 @@ def finetune_llm_reasoning(pop: Sequence, env, max_steps: int, evaluation_interv
     """
     for agent in pop:
         rows = env.batch_size * agent.config.group_size
-        if rows % agent.config.batch_size:
+        if rows > agent.config.batch_size and rows % agent.config.batch_size:
             raise ValueError(f"member {agent.index}: data_batch_size_per_gpu ({env.batch_size}) x group_size "
                              f"({agent.config.group_size}) = {rows} rows do not divide into "
                              f"batch_size={agent.config.batch_size}")

@@ -1,0 +1,119 @@
+"""LoRA rank as an evolvable hyperparameter: function-preserving grow, SVD shrink,
+optimizer state, mixed-rank populations, checkpoints across ranks."""
+
+import pytest
+import torch
+from conftest import make_grpo
+
+from evollm.adapters.resize import lora_factors
+from evollm.hpo import HyperparameterConfig, Mutations, RLParameter
+from evollm.training.batched import generate_population
+
+
+def _randomise(agent, seed=0, scale=0.2):
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in agent.shared.parameters(agent.adapter_name()):
+            p.copy_(torch.randn(p.shape, generator=g) * scale)
+
+
+@pytest.fixture
+def trained(tiny, arithmetic_env):
+    model, tok = tiny
+    agent = make_grpo(model, tok, lr=1e-2)[0]
+    _randomise(agent)
+    ids, masks = agent.get_action(arithmetic_env.reset())
+    agent.learn((ids, masks, torch.rand(4, 4)))
+    return agent, torch.cat(ids), (ids, masks)
+
+
+def test_grow_preserves_logprobs_and_scale(trained):
+    agent, seqs, _ = trained
+    before = agent.get_logprobs(seqs)
+    scales = {s for _, _, s in lora_factors(agent.shared, agent.adapter_name()).values()}
+    agent.set_lora_rank(16)
+    assert agent.lora_rank == 16
+    factors = lora_factors(agent.shared, agent.adapter_name())
+    assert {s for _, _, s in factors.values()} == scales  # alpha / r kept
+    assert all(A.shape[0] == 16 and B.shape[1] == 16 for A, B, _ in factors.values())
+    torch.testing.assert_close(agent.get_logprobs(seqs), before, atol=1e-5, rtol=1e-5)
+
+
+def test_shrink_equals_truncated_svd(trained):
+    agent, _, _ = trained
+    before = lora_factors(agent.shared, agent.adapter_name())
+    agent.set_lora_rank(3)
+    after = lora_factors(agent.shared, agent.adapter_name())
+    for name, (A, B, s) in before.items():
+        U, S, Vh = torch.linalg.svd(s * B.double() @ A.double(), full_matrices=False)
+        best = (U[:, :3] * S[:3]) @ Vh[:3]
+        A2, B2, s2 = after[name]
+        assert s2 == pytest.approx(s)
+        torch.testing.assert_close((s2 * B2.double() @ A2.double()), best, atol=1e-5, rtol=1e-4)
+
+
+def test_optimizer_state_after_resize(trained):
+    agent, _, batch = trained
+    old = {n: agent.optimizer.state[p]["exp_avg"].clone() for n, p in agent.shared.named_parameters(
+        agent.adapter_name())}
+    lr = agent.optimizer.param_groups[0]["lr"]
+    agent.set_lora_rank(12)  # grow: moments zero-padded, step kept
+    for n, p in agent.shared.named_parameters(agent.adapter_name()):
+        st = agent.optimizer.state[p]
+        m = st["exp_avg"]
+        assert m.shape == p.shape
+        small = old[n]
+        if "lora_A" in n:  # lora_A [r, in]
+            assert torch.equal(m[:8], small) and m[8:].abs().sum() == 0
+        else:  # lora_B [out, r]
+            assert torch.equal(m[:, :8], small) and m[:, 8:].abs().sum() == 0
+        assert int(st["step"]) == 1
+    assert agent.optimizer.param_groups[0]["lr"] == lr
+    agent.learn(batch[:2] + (torch.rand(4, 4),))  # training continues
+    agent.set_lora_rank(4)  # shrink: moments reset, lr kept
+    assert all(p not in agent.optimizer.state for p in agent.shared.parameters(agent.adapter_name()))
+    assert agent.optimizer.param_groups[0]["lr"] == lr
+    metrics = agent.learn(batch[:2] + (torch.rand(4, 4),))
+    assert metrics["grad_norm"] > 0
+
+
+def test_mixed_rank_population_trains_and_generates(tiny, arithmetic_env):
+    model, tok = tiny
+    hp = HyperparameterConfig(lora_rank=RLParameter(min=2, max=32, dtype=int))
+    pop = make_grpo(model, tok, n=3, hp_config=hp)
+    for i, a in enumerate(pop):
+        _randomise(a, i)
+    Mutations(no_mutation=0.0, rl_hp=0.0, lora_rank=1.0, rand_seed=0).mutation(pop)
+    ranks = [a.lora_rank for a in pop]
+    assert all(m.last_mutation.kind == "lora_rank" for m in pop) and ranks != [8, 8, 8]
+    pop[2].set_lora_rank(5)
+    prompts = arithmetic_env.reset()
+    rollouts = generate_population(pop, prompts)
+    for a in pop:  # each member's rows equal what it samples alone (greedy for a deterministic check)
+        r = rollouts[a.index]
+        assert r.sequences.shape[0] == len(prompts) * a.group_size
+        a.learn((*r.per_prompt(), torch.rand(len(prompts), a.group_size)))
+    greedy = generate_population(pop, prompts, training=False)
+    for a in pop:
+        alone, _ = a.get_action(prompts, training=False)
+        assert torch.equal(torch.cat(alone), greedy[a.index].sequences)
+
+
+def test_checkpoint_across_ranks(tiny, tmp_path, trained):
+    agent, seqs, _ = trained
+    expected = agent.get_logprobs(seqs)
+    agent.save_checkpoint(tmp_path / "r8")
+    model, tok = agent.shared.model, None
+    bigger = agent.clone()
+    bigger.set_lora_rank(16)
+    _randomise(bigger, 5)
+    with pytest.raises(ValueError, match=r"r=8.*r=16"):
+        bigger.load_checkpoint(tmp_path / "r8")
+    bigger.load_checkpoint(tmp_path / "r8", merge_lora_configs=True)  # larger (live) rank wins
+    assert bigger.lora_rank == 16
+    torch.testing.assert_close(bigger.get_logprobs(seqs), expected, atol=1e-5, rtol=1e-5)
+    smaller = agent.clone()
+    smaller.set_lora_rank(4)
+    smaller.load_checkpoint(tmp_path / "r8", merge_lora_configs=True)  # checkpoint rank wins
+    assert smaller.lora_rank == 8
+    torch.testing.assert_close(smaller.get_logprobs(seqs), expected, atol=1e-5, rtol=1e-5)
