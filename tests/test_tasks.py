@@ -7,6 +7,7 @@ from evollm.tasks import (
     arithmetic_dataset,
     clean_completion,
     combine_rewards,
+    extra_split,
     exact_match_reward,
     format_reward,
     numeric_closeness_reward,
@@ -80,6 +81,17 @@ def test_bad_arguments_raise():
         arithmetic_dataset(digits=(2, 1))
     with pytest.raises(ValueError):
         arithmetic_dataset(ops=())
+
+
+def test_extra_split_is_disjoint():
+    train, test = arithmetic_dataset(n_train=60, n_test=20, digits=(1, 1), seed=0)
+    used = set(train["question"]) | set(test["question"])
+    extra = extra_split(used, 20, digits=(1, 1), seed=0)
+    assert len(set(extra["question"])) == 20 and not set(extra["question"]) & used
+    assert all(a == _evaluate(q) for q, a in zip(extra["question"], extra["answer"]))
+    assert extra["question"] == extra_split(used, 20, digits=(1, 1), seed=0)["question"]
+    with pytest.raises(ValueError):
+        extra_split(used, 21, digits=(1, 1))
 
 
 def test_template_formats():

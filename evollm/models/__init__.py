@@ -12,7 +12,13 @@ from evollm.models.tiny import (
     set_generation_ids,
     tiny_config,
 )
-from evollm.models.tokenizer import ALPHABET, CHAT_TEMPLATE, SPECIAL_TOKENS, build_tokenizer
+from evollm.models.tokenizer import (
+    ALPHABET,
+    CHAT_TEMPLATE,
+    SPECIAL_TOKENS,
+    build_tokenizer,
+    tokenizer_fingerprint,
+)
 from evollm.models.warm_start import (
     SFT_DEFAULTS,
     build_warm_start,
@@ -46,5 +52,6 @@ __all__ = [
     "sft_warm_start",
     "teacher_forced_accuracy",
     "tiny_config",
+    "tokenizer_fingerprint",
     "well_formed_rate",
 ]

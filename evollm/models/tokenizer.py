@@ -16,6 +16,7 @@ directory (no hub access needed).
 
 from __future__ import annotations
 
+import hashlib
 import string
 
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
@@ -83,7 +84,7 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
     vocab = build_vocab()
     backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK_TOKEN))
     # Split into single characters, keeping every character (whitespace too).
-    backend.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
     # Concatenate tokens back with nothing in between.
     backend.decoder = decoders.Fuse()
     tok = PreTrainedTokenizerFast(
@@ -98,3 +99,14 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
     )
     tok.chat_template = CHAT_TEMPLATE
     return tok
+
+
+def tokenizer_fingerprint(tokenizer: PreTrainedTokenizerFast | None = None) -> str:
+    """Short hash of the tokenizer's full definition (vocab, pre-tokenizer, decoder, template).
+
+    Use it in cache keys so that any change of the tokenizer invalidates
+    artefacts built with an older one.
+    """
+    tok = tokenizer if tokenizer is not None else build_tokenizer()
+    blob = tok.backend_tokenizer.to_str() + (tok.chat_template or "")
+    return hashlib.sha256(blob.encode()).hexdigest()[:12]

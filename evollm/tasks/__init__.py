@@ -1,6 +1,6 @@
 """Synthetic tasks and reward functions."""
 
-from evollm.tasks.arithmetic import ARITHMETIC_TEMPLATE, OPS, arithmetic_dataset, solve
+from evollm.tasks.arithmetic import ARITHMETIC_TEMPLATE, OPS, arithmetic_dataset, extra_split, solve
 from evollm.tasks.rewards import (
     STOP_MARKERS,
     RewardFn,
@@ -9,6 +9,7 @@ from evollm.tasks.rewards import (
     exact_match_reward,
     format_reward,
     numeric_closeness_reward,
+    well_formed_rate,
 )
 
 __all__ = [
@@ -20,7 +21,9 @@ __all__ = [
     "clean_completion",
     "combine_rewards",
     "exact_match_reward",
+    "extra_split",
     "format_reward",
     "numeric_closeness_reward",
     "solve",
+    "well_formed_rate",
 ]

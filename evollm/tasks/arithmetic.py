@@ -105,3 +105,27 @@ def arithmetic_dataset(
         return Dataset.from_dict({"question": qs, "answer": [solve(q) for q in qs]})
 
     return to_dataset(questions[:n_train]), to_dataset(questions[n_train:])
+
+
+def extra_split(
+    exclude: set[str] | Sequence[str],
+    n: int,
+    ops: Sequence[str] = ("+",),
+    digits: tuple[int, int] = (1, 2),
+    seed: int = 0,
+) -> Dataset:
+    """``n`` distinct questions (seeded) none of which is in ``exclude``.
+
+    Useful for a validation set disjoint from the splits of
+    :func:`arithmetic_dataset`; it enumerates the whole question space, so keep
+    the operands small (up to ~3 digits).
+    """
+    exclude = set(exclude)
+    lo, hi = _operand_range(digits)
+    pool = [f"{a}{op}{b}=" for op in dict.fromkeys(ops)
+            for a in range(lo, hi + 1) for b in range(lo, hi + 1)]
+    pool = [q for q in pool if q not in exclude]
+    if n > len(pool):
+        raise ValueError(f"only {len(pool)} distinct questions left, {n} requested")
+    qs = random.Random(seed + 7919).sample(pool, n)
+    return Dataset.from_dict({"question": qs, "answer": [solve(q) for q in qs]})

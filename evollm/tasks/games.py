@@ -169,18 +169,19 @@ def make_game(name: str, **kwargs):
     return GAMES[name](**kwargs)
 
 
-def game_env_factory(name: str, tokenizer, max_turns: int | None = None, max_model_len: int | None = None,
-                     max_output_tokens: int = 4, **game_kwargs):
+def game_env_factory(name: str, tokenizer, game: dict | None = None, max_turns: int | None = None,
+                     max_model_len: int | None = None, max_output_tokens: int = 4):
     """A zero-argument factory of token-space episodes of a game (for ``finetune_llm_multiturn``):
     each call returns a fresh :class:`~evollm.envs.multiturn.TokenObservationWrapper` around
-    ``make_game(name, **game_kwargs)``; ``max_turns`` defaults to the game's own."""
+    ``make_game(name, **game)``; ``max_turns`` (of the wrapper) defaults to the game's own."""
     from evollm.envs.multiturn import TokenObservationWrapper
 
-    make_game(name, **game_kwargs)  # fail now on bad settings, not inside the training loop
+    game = dict(game or {})
+    make_game(name, **game)  # fail now on bad settings, not inside the training loop
 
     def factory() -> TokenObservationWrapper:
-        game = make_game(name, **game_kwargs)
-        return TokenObservationWrapper(game, tokenizer, max_turns=max_turns or game.max_turns,
+        env = make_game(name, **game)
+        return TokenObservationWrapper(env, tokenizer, max_turns=max_turns or env.max_turns,
                                        pad_id=tokenizer.pad_token_id, max_model_len=max_model_len,
                                        max_output_tokens=max_output_tokens)
     return factory

@@ -87,3 +87,14 @@ def combine_rewards(*fns: RewardFn, weights: Sequence[float] | None = None) -> R
 
     combined.__name__ = "combined_" + "_".join(getattr(f, "__name__", "fn") for f in fns)
     return combined
+
+
+def well_formed_rate(completions: Sequence[str], eos_token: str = "<eos>") -> float:
+    """Fraction of completions that are an integer immediately followed by ``eos_token``."""
+    if not completions:
+        return 0.0
+    ok = 0
+    for c in completions:
+        head, sep, _ = c.partition(eos_token)
+        ok += int(bool(sep) and head == head.strip() and format_reward(head) > 0)
+    return ok / len(completions)
