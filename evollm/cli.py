@@ -56,12 +56,14 @@ def train(config_path: str, overrides: list[str] | None = None, quiet: bool = Fa
     from .config import RunConfig, build_hpo, build_model
 
     cfg = RunConfig.from_yaml(config_path, overrides)
+    if cfg.threads:
+        torch.set_num_threads(int(cfg.threads))
     torch.manual_seed(cfg.seed)
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=1))
     t0 = time.perf_counter()
-    model, tokenizer = build_model(cfg.model, cfg.seed)
+    model, tokenizer = build_model(cfg.model, cfg.seed, cfg.task.get("name"))
     size = int(cfg.algorithm.get("population_size", 1))
     hp_config, mutation, selection = build_hpo(cfg.hpo, size, cfg.seed)
     members = build_population(cfg, model, tokenizer, hp_config)
@@ -108,10 +110,13 @@ def main(argv: list[str] | None = None) -> int:
                          help="override a config value, e.g. --set train.max_steps=10")
     p_train.add_argument("--quiet", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
     if args.command == "train":
         try:
             train(args.config, args.overrides, args.quiet)
-        except (ValueError, TypeError, FileNotFoundError) as e:
+        except (ValueError, TypeError, KeyError, FileNotFoundError) as e:
             print(f"evollm: error: {e}", file=sys.stderr)
             return 2
     return 0

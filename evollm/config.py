@@ -25,7 +25,7 @@ from typing import Any
 
 import yaml
 
-SECTIONS = ("seed", "output_dir", "model", "task", "env", "algorithm", "hpo", "train")
+SECTIONS = ("seed", "output_dir", "threads", "model", "task", "env", "algorithm", "hpo", "train")
 
 
 @dataclass
@@ -33,6 +33,7 @@ class RunConfig:
     algorithm: dict
     seed: int = 0
     output_dir: str = "runs/evollm"
+    threads: int | None = None  # torch CPU threads; None keeps torch's default
     model: dict = field(default_factory=lambda: {"source": "tiny", "warm_start": True})
     task: dict = field(default_factory=lambda: {"name": "arithmetic"})
     env: dict = field(default_factory=lambda: {"type": "reasoning"})
@@ -67,7 +68,7 @@ def _apply_override(data: dict, item: str) -> None:
     node[parts[-1]] = yaml.safe_load(value)
 
 
-def build_model(cfg: dict, seed: int):
+def build_model(cfg: dict, seed: int, task_name: str | None = None):
     """``(model, tokenizer)`` from the model section."""
     cfg = dict(cfg)
     if cfg.get("source", "tiny") == "tiny" and "name_or_path" not in cfg:

@@ -142,3 +142,28 @@ def test_short_grpo_run_improves_reward(warm):
         agent.learn((ids, masks, r))
     first, last = sum(rewards[:6]) / 6, sum(rewards[-6:]) / 6
     assert last > first + 0.15, rewards
+
+
+def test_fused_population_update_equals_member_by_member(tiny, arithmetic_env):
+    """learn_population shares forward/backward passes but gives each member exactly its own update."""
+    model, tok = tiny
+    pop = make_grpo(model, tok, n=3, lr=1e-2, batch_size=8, update_epochs=2)
+    pop[1].set_hyperparameter("beta", 0.1)
+    pop[2].set_hyperparameter("clip_coef", 0.05)
+    for i, a in enumerate(pop):
+        with torch.no_grad():
+            for p in a.shared.parameters(a.adapter_name()):
+                p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(i)))
+    twins = [a.clone() for a in pop]
+    prompts = arithmetic_env.reset()
+    experiences = []
+    for i, a in enumerate(pop):
+        ids, masks = a.get_action(prompts)
+        experiences.append((ids, masks, torch.rand(4, 4, generator=torch.Generator().manual_seed(i))))
+    fused = GRPO.learn_population(pop, experiences)
+    alone = [t.learn(e) for t, e in zip(twins, experiences)]
+    for a, t, mf, ma in zip(pop, twins, fused, alone):
+        for p, q in zip(a.shared.parameters(a.adapter_name()), t.shared.parameters(t.adapter_name())):
+            torch.testing.assert_close(p, q, atol=5e-4, rtol=0)  # Adam steps are ~lr; fp noise only
+        assert mf["loss"] == pytest.approx(ma["loss"], rel=1e-4, abs=1e-6)
+        assert mf["kl"] == pytest.approx(ma["kl"], rel=1e-4, abs=1e-7)

@@ -79,6 +79,7 @@ def set_adapter_factors(shared, name: str, rank: int, alpha: float,
     config.r = rank
     config.lora_alpha = alpha
     config.rank_pattern, config.alpha_pattern = {}, {}
+    shared.invalidate()
 
 
 def resize_adapter(shared, name: str, rank: int) -> str:

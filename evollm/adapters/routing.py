@@ -124,3 +124,7 @@ def routed(shared: SharedBase, names: Sequence[str], counts: Sequence[int], diff
         for h in handles:
             h.remove()
         model.train(was_training)
+        if differentiable:  # PEFT re-froze all but its active adapter on exit; backward comes after
+            for name in router.names:
+                for p in shared.parameters(name):
+                    p.requires_grad_(True)

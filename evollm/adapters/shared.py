@@ -43,6 +43,8 @@ class SharedBase:
 
     def __init__(self, model: torch.nn.Module, lora_config: LoraConfig, first_adapter: str):
         self._used_ids: set[int] = set()
+        self._param_cache: dict[str, list] = {}
+        self._layers: list | None = None
         if isinstance(model, PeftModel):
             self.peft_model = model
             self._inherited = model.active_adapter
@@ -119,6 +121,7 @@ class SharedBase:
         if self.has_adapter(name):
             raise ValueError(f"adapter {name!r} already exists on this shared base")
         self.peft_model.add_adapter(name, copy.deepcopy(lora_config))
+        self.invalidate()
 
     def delete_adapter(self, name: str) -> None:
         """Free a member's adapter. The last adapter of a PeftModel cannot be deleted, so it is kept."""
@@ -130,17 +133,25 @@ class SharedBase:
             other = next(a for a in self.adapters() if a != name)
             self.peft_model.set_adapter(other)
         self.peft_model.delete_adapter(name)
+        self.invalidate()
+
+    def invalidate(self) -> None:
+        """Forget cached parameter lists (after adding, deleting or resizing an adapter)."""
+        self._param_cache.clear()
+        self._layers = None
 
     def parameters(self, name: str) -> list[torch.nn.Parameter]:
         """The trainable tensors of one adapter, in a fixed (name-sorted) order."""
         return [p for _, p in self.named_parameters(name)]
 
     def named_parameters(self, name: str) -> list[tuple[str, torch.nn.Parameter]]:
-        tag = f".{name}."
-        items = [(n, p) for n, p in self.peft_model.named_parameters() if tag in n and "lora_" in n]
-        if not items:
-            raise KeyError(f"adapter {name!r} has no parameters on this shared base")
-        return sorted(items, key=lambda kv: kv[0])
+        if name not in self._param_cache:
+            tag = f".{name}."
+            items = [(n, p) for n, p in self.peft_model.named_parameters() if tag in n and "lora_" in n]
+            if not items:
+                raise KeyError(f"adapter {name!r} has no parameters on this shared base")
+            self._param_cache[name] = sorted(items, key=lambda kv: kv[0])
+        return list(self._param_cache[name])
 
     def base_parameters(self) -> Iterator[torch.nn.Parameter]:
         for n, p in self.peft_model.named_parameters():
@@ -195,10 +206,11 @@ class SharedBase:
         finally:
             model.train(was_training)
 
-    def lora_layers(self) -> Iterator[tuple[str, LoraLayer]]:
-        for n, m in self.peft_model.named_modules():
-            if isinstance(m, LoraLayer) and hasattr(m, "lora_A"):
-                yield n, m
+    def lora_layers(self) -> list[tuple[str, LoraLayer]]:
+        if self._layers is None:
+            self._layers = [(n, m) for n, m in self.peft_model.named_modules()
+                            if isinstance(m, LoraLayer) and hasattr(m, "lora_A")]
+        return list(self._layers)
 
     def __repr__(self) -> str:
         n_base = sum(p.numel() for p in self.base_parameters())

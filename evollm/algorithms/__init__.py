@@ -2,5 +2,8 @@
 
 from .base import AgentConfig, LLMAgent, copy_attributes
 from .grpo import CISPO, GRPO, GSPO, GRPOConfig
+from .ppo import LLMPPO
+from .reinforce import LLMREINFORCE
 
-__all__ = ["AgentConfig", "CISPO", "GRPO", "GRPOConfig", "GSPO", "LLMAgent", "copy_attributes"]
+__all__ = ["AgentConfig", "CISPO", "GRPO", "GRPOConfig", "GSPO", "LLMAgent", "LLMPPO", "LLMREINFORCE",
+           "copy_attributes"]

@@ -34,7 +34,8 @@ class AgentConfig:
     top_k: int = 0
     max_output_tokens: int = 32
     max_model_len: int | None = None
-    logprob_chunk_rows: int = 8
+    logprob_chunk_rows: int | None = None  # None: as many rows as fit logits_budget_mb
+    logits_budget_mb: float = 256.0
     weight_decay: float = 0.0
     seed: int = 42
 
@@ -241,7 +242,7 @@ class LLMAgent:
         ctx = self.shared.reference() if use_reference else self.shared.use(self.adapter_name("actor"))
         with torch.no_grad(), ctx as model:
             return forward_logprobs(model, input_ids, attention_mask, self.config.temperature,
-                                    self.config.logprob_chunk_rows, with_entropy)
+                                    self.config.logprob_chunk_rows, with_entropy, self.config.logits_budget_mb)
 
     def _collate(self, prompts):
         return collate_prompts(prompts, self.pad_token_id)
@@ -250,6 +251,10 @@ class LLMAgent:
         """Backward, clip, step. Returns the gradient norm before clipping."""
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
+        return self.clip_and_step(params)
+
+    def clip_and_step(self, params: list[torch.nn.Parameter]) -> float:
+        """Clip the gradients of ``params`` to ``max_grad_norm`` and step. Returns the norm before clipping."""
         max_norm = self.config.max_grad_norm
         norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm else float("inf"))
         self.optimizer.step()

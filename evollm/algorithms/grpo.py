@@ -14,6 +14,7 @@ import torch
 
 from .. import functional as F
 from .base import AgentConfig, LLMAgent
+from ..adapters.routing import routed
 from .rollout import action_mask_for, forward_logprobs, generate, sequence_attention_mask
 
 
@@ -116,51 +117,23 @@ class GRPO(LLMAgent):
         ``completion_ids``/``action_masks``: per-prompt lists as returned by :meth:`get_action` (or
         stacked ``[P*G, L]`` / ``[P*G, L-1]`` tensors); ``rewards``: ``[P, G]``.
         """
-        completion_ids, action_masks, rewards = experiences
-        seqs = _stack(completion_ids, self.pad_token_id)
-        action_mask = _stack(action_masks, 0).to(seqs.device)
-        rewards = torch.as_tensor(rewards, dtype=torch.float32).reshape(-1)
-        c = self.config
-        if rewards.numel() != seqs.shape[0]:
-            raise ValueError(f"got {rewards.numel()} rewards for {seqs.shape[0]} completions")
-        group = c.group_size
-        if rewards.numel() % group:
-            raise ValueError(f"{rewards.numel()} rewards do not split into groups of group_size={group}")
-        attn = _attention_from_sequences(seqs, action_mask, self.pad_token_id)
-        advantages = F.group_advantages(rewards, group, scale=c.scale_rewards)
+        return grpo_update([self], [experiences])[0]
 
-        needs_old = c.update_epochs > 1 or c.batch_size < seqs.shape[0]
-        old_logp = self.get_logprobs(seqs, attn) if needs_old else None
-        ref_logp = self.get_logprobs(seqs, attn, use_reference=True) if c.beta > 0 else None
-        params = self.shared.parameters(self.adapter_name("actor"))
-        stats: dict[str, list[float]] = {"loss": [], "kl": [], "clip_fraction": [], "entropy": [], "grad_norm": []}
-        gen = torch.Generator().manual_seed(c.seed + self.steps)
-        with self.shared.use(self.adapter_name("actor"), train=True) as model:
-            for _ in range(c.update_epochs):
-                order = torch.randperm(seqs.shape[0], generator=gen)
-                for start in range(0, seqs.shape[0], c.batch_size):
-                    rows = order[start:start + c.batch_size]
-                    logp = forward_logprobs(model, seqs[rows], attn[rows], c.temperature, c.logprob_chunk_rows)
-                    m = action_mask[rows].to(logp.device)
-                    loss, st = F.policy_loss_with_stats(
-                        logp, old_logp[rows] if old_logp is not None else logp.detach(), advantages[rows].to(logp.device),
-                        m, loss_type=c.loss_type, clip=c.clip_bounds(),
-                        ref_logp=ref_logp[rows] if ref_logp is not None else None, beta=c.beta,
-                        max_completion_length=c.max_output_tokens)
-                    stats["grad_norm"].append(self.optimizer_step(loss, params))
-                    stats["loss"].append(float(loss.detach()))
-                    stats["kl"].append(st["kl"])
-                    stats["clip_fraction"].append(st["clip_fraction"])
-                    stats["entropy"].append(float(F.masked_mean(-logp.detach(), m)))
-        self.steps += 1
-        grouped = rewards.reshape(-1, group)
-        metrics = {k: sum(v) / len(v) for k, v in stats.items()}
-        metrics.update(
-            mean_reward=float(rewards.mean()),
-            zero_std_groups=float((grouped.max(1).values == grouped.min(1).values).float().mean()),
-            completion_length=float(action_mask.sum(1).float().mean()),
-        )
-        return metrics
+    @classmethod
+    def learn_population(cls, agents: Sequence["GRPO"], experiences: Sequence) -> list[dict[str, float]]:
+        """Update several members at once: members whose update settings agree share every forward
+        and backward pass (one routed batch over the shared base); each still steps its own optimizer
+        on its own loss, exactly as :meth:`learn` would."""
+        results: dict[int, dict] = {}
+        groups: dict[tuple, list[int]] = {}
+        for i, agent in enumerate(agents):
+            c = agent.config
+            groups.setdefault((id(agent.shared), c.update_epochs, c.batch_size, c.temperature, c.logprob_chunk_rows,
+                               agent.pad_token_id), []).append(i)
+        for members in groups.values():
+            out = grpo_update([agents[i] for i in members], [experiences[i] for i in members])
+            results.update(zip(members, out))
+        return [results[i] for i in range(len(agents))]
 
     # ------------------------------------------------------------------ evaluation
     def test(self, env, loop: int = 1) -> float:
@@ -185,6 +158,121 @@ class CISPO(GRPO):
     def __init__(self, *args, **kwargs):
         kwargs["loss_type"] = "cispo"
         super().__init__(*args, **kwargs)
+
+
+@dataclass
+class _Prepared:
+    seqs: torch.Tensor
+    attn: torch.Tensor
+    mask: torch.Tensor
+    advantages: torch.Tensor
+    rewards: torch.Tensor
+    old: torch.Tensor | None = None
+    ref: torch.Tensor | None = None
+
+
+def _prepare(agent: GRPO, experiences) -> _Prepared:
+    completion_ids, action_masks, rewards = experiences
+    seqs = _stack(completion_ids, agent.pad_token_id)
+    mask = _stack(action_masks, 0).to(seqs.device)
+    rewards = torch.as_tensor(rewards, dtype=torch.float32).reshape(-1)
+    c = agent.config
+    if rewards.numel() != seqs.shape[0]:
+        raise ValueError(f"got {rewards.numel()} rewards for {seqs.shape[0]} completions")
+    if rewards.numel() % c.group_size:
+        raise ValueError(f"{rewards.numel()} rewards do not split into groups of group_size={c.group_size}")
+    return _Prepared(seqs, _attention_from_sequences(seqs, mask, agent.pad_token_id), mask,
+                     F.group_advantages(rewards, c.group_size, scale=c.scale_rewards), rewards)
+
+
+def _joint_logprobs(agents, seqs, attn, rows_each: int, grad: bool, reference: bool = False) -> torch.Tensor:
+    """Log-probs of concatenated row blocks, block ``i`` under ``agents[i]`` (or the reference)."""
+    a0, c = agents[0], agents[0].config
+    if reference:
+        ctx = a0.shared.reference()
+    elif len(agents) == 1:
+        ctx = a0.shared.use(a0.adapter_name("actor"), train=grad)
+    else:
+        ctx = routed(a0.shared, [a.adapter_name("actor") for a in agents], [rows_each] * len(agents),
+                     differentiable=grad)
+    chunk = c.logprob_chunk_rows if len(agents) == 1 or reference else seqs.shape[0]
+    with torch.set_grad_enabled(grad), ctx as model:
+        if grad:
+            model.train()
+        return forward_logprobs(model, seqs, attn, c.temperature, chunk, logits_budget_mb=c.logits_budget_mb)
+
+
+def _fits_one_forward(agents, seqs) -> bool:
+    c = agents[0].config
+    if len(agents) == 1:
+        return True
+    vocab = agents[0].shared.model.get_output_embeddings().weight.shape[0]
+    return c.logprob_chunk_rows is None and 4 * seqs.numel() * vocab <= c.logits_budget_mb * 2**20
+
+
+def grpo_update(agents: Sequence[GRPO], experiences: Sequence) -> list[dict[str, float]]:
+    """The GRPO update of one or more members with equal update settings (see ``learn_population``)."""
+    batches = [_prepare(a, e) for a, e in zip(agents, experiences)]
+    n_rows = {b.seqs.shape[0] for b in batches}
+    width = max(b.seqs.shape[1] for b in batches)
+    if len(n_rows) > 1 or not _fits_one_forward(agents, torch.empty(sum(n_rows) * len(agents), width)):
+        if len(agents) > 1:  # ragged or too large for one forward: member by member
+            return [grpo_update([a], [e])[0] for a, e in zip(agents, experiences)]
+    rows_total = batches[0].seqs.shape[0]
+    pad = agents[0].pad_token_id
+    for b in batches:  # common width (right padding is masked out and never attended to earlier)
+        extra = width - b.seqs.shape[1]
+        if extra:
+            b.seqs = torch.nn.functional.pad(b.seqs, (0, extra), value=pad)
+            b.attn = torch.nn.functional.pad(b.attn, (0, extra), value=1)
+            b.mask = torch.nn.functional.pad(b.mask, (0, extra), value=0)
+    c0 = agents[0].config
+    all_seqs, all_attn = torch.cat([b.seqs for b in batches]), torch.cat([b.attn for b in batches])
+    if c0.update_epochs > 1 or c0.batch_size < rows_total:
+        for b, old in zip(batches, _joint_logprobs(agents, all_seqs, all_attn, rows_total, False).split(rows_total)):
+            b.old = old
+    with_ref = [i for i, a in enumerate(agents) if a.config.beta > 0]
+    if with_ref:
+        refs = _joint_logprobs(agents, torch.cat([batches[i].seqs for i in with_ref]),
+                               torch.cat([batches[i].attn for i in with_ref]), rows_total, False, reference=True)
+        for i, ref in zip(with_ref, refs.split(rows_total)):
+            batches[i].ref = ref
+    params = [a.shared.parameters(a.adapter_name("actor")) for a in agents]
+    stats = [{"loss": [], "kl": [], "clip_fraction": [], "entropy": [], "grad_norm": []} for _ in agents]
+    gens = [torch.Generator().manual_seed(a.config.seed + a.steps) for a in agents]
+    for _ in range(c0.update_epochs):
+        orders = [torch.randperm(rows_total, generator=g) for g in gens]
+        for start in range(0, rows_total, c0.batch_size):
+            rows = [o[start:start + c0.batch_size] for o in orders]
+            logp = _joint_logprobs(agents, torch.cat([b.seqs[r] for b, r in zip(batches, rows)]),
+                                   torch.cat([b.attn[r] for b, r in zip(batches, rows)]), len(rows[0]), True)
+            total = 0.0
+            for i, (a, b, r, lp) in enumerate(zip(agents, batches, rows, logp.split(len(rows[0])))):
+                c, m = a.config, b.mask[r].to(lp.device)
+                loss, st = F.policy_loss_with_stats(
+                    lp, b.old[r] if b.old is not None else lp.detach(), b.advantages[r].to(lp.device), m,
+                    loss_type=c.loss_type, clip=c.clip_bounds(), ref_logp=b.ref[r] if b.ref is not None else None,
+                    beta=c.beta, max_completion_length=c.max_output_tokens)
+                total = total + loss
+                stats[i]["loss"].append(float(loss.detach()))
+                stats[i]["kl"].append(st["kl"])
+                stats[i]["clip_fraction"].append(st["clip_fraction"])
+                stats[i]["entropy"].append(float(F.masked_mean(-lp.detach(), m)))
+            for a in agents:
+                a.optimizer.zero_grad(set_to_none=True)
+            total.backward()  # each member's loss only reaches its own adapter
+            for a, p, st in zip(agents, params, stats):
+                st["grad_norm"].append(a.clip_and_step(p))
+    out = []
+    for a, b, st in zip(agents, batches, stats):
+        a.steps += 1
+        grouped = b.rewards.reshape(-1, a.config.group_size)
+        metrics = {k: sum(v) / len(v) for k, v in st.items()}
+        metrics.update(mean_reward=float(b.rewards.mean()),
+                       zero_std_groups=float((grouped.max(1).values == grouped.min(1).values).float().mean()),
+                       completion_length=float(b.mask.sum(1).float().mean()))
+        out.append(metrics)
+    return out
 
 
 def _stack(rows, pad_value: int) -> torch.Tensor:

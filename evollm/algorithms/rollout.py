@@ -102,16 +102,22 @@ def sequence_attention_mask(sequences: torch.Tensor, prompt_mask: torch.Tensor) 
 
 
 def forward_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                     temperature: float = 1.0, chunk_rows: int = 8, with_entropy: bool = False):
+                     temperature: float = 1.0, chunk_rows: int | None = None, with_entropy: bool = False,
+                     logits_budget_mb: float = 256.0):
     """Per-token log-probs ``[B, L-1]`` of ``input_ids[:, 1:]`` under ``model``.
 
     Rows are processed ``chunk_rows`` at a time so that at most ``[chunk_rows, L, V]`` logits
-    exist at once. Gradients flow when called with grad enabled. With ``with_entropy`` also
+    exist at once; by default as many rows as fit ``logits_budget_mb`` of float32 logits (one row
+    of a 150k-vocabulary model at 1k tokens is already 600 MB, so such models go row by row). Gradients flow when called with grad enabled. With ``with_entropy`` also
     returns the per-token entropy (detached) of the sampling distribution.
     """
     if attention_mask is None:
         attention_mask = torch.ones_like(input_ids)
     device = next(model.parameters()).device
+    if chunk_rows is None:
+        vocab = model.get_output_embeddings().weight.shape[0]
+        row_bytes = 4 * input_ids.shape[1] * vocab
+        chunk_rows = max(1, int(logits_budget_mb * 2**20 // row_bytes))
     outs, ents = [], []
     for start in range(0, input_ids.shape[0], chunk_rows):
         ids = input_ids[start:start + chunk_rows].to(device)

@@ -1,5 +1,6 @@
-"""Environments: single-turn ``ReasoningGym`` and the multi-turn token wrapper."""
+"""Environments: single-turn ``ReasoningGym`` and the multi-turn ``TokenObservationWrapper``."""
 
+from .multiturn import TokenObservationWrapper
 from .reasoning import ReasoningGym, RewardFunctionError
 
-__all__ = ["ReasoningGym", "RewardFunctionError"]
+__all__ = ["ReasoningGym", "RewardFunctionError", "TokenObservationWrapper"]

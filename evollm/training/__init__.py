@@ -1,6 +1,8 @@
 """Training loops: one evolution loop shared by every kind of rollout."""
 
 from .batched import evaluate_population, generate_population
-from .loop import evolve, finetune_llm_reasoning
+from .loop import evolve, finetune_llm_reasoning, learn_all
+from .multiturn import finetune_llm_multiturn
 
-__all__ = ["evaluate_population", "evolve", "finetune_llm_reasoning", "generate_population"]
+__all__ = ["evaluate_population", "evolve", "finetune_llm_multiturn", "finetune_llm_reasoning",
+           "generate_population", "learn_all"]

@@ -109,6 +109,23 @@ def _mean(values) -> float:
     return sum(values) / len(values) if values else math.nan
 
 
+def learn_all(agents: Sequence, experiences: Sequence) -> list[dict]:
+    """``agent.learn`` for every member; classes with a fused ``learn_population`` update their
+    members together (shared forward/backward passes over the base)."""
+    out: dict[int, dict] = {}
+    by_class: dict[type, list[int]] = {}
+    for i, agent in enumerate(agents):
+        by_class.setdefault(type(agent), []).append(i)
+    for cls, idx in by_class.items():
+        fused = getattr(cls, "learn_population", None)
+        if fused is not None and len(idx) > 1:
+            results = fused([agents[i] for i in idx], [experiences[i] for i in idx])
+        else:
+            results = [agents[i].learn(experiences[i]) for i in idx]
+        out.update(zip(idx, results))
+    return [out[i] for i in range(len(agents))]
+
+
 def finetune_llm_reasoning(pop: Sequence, env, max_steps: int, evaluation_interval: int = 10,
                            evo_steps: int | None = None, tournament=None, mutation=None,
                            save_elite: bool = False, elite_path: str | Path | None = None,
@@ -130,15 +147,13 @@ def finetune_llm_reasoning(pop: Sequence, env, max_steps: int, evaluation_interv
     def train_step(agents, step):
         prompts = env.reset()
         rollouts = generate_population([a for a in agents if not getattr(a, "quarantined", False)], prompts)
-        metrics = {}
-        for agent in agents:
-            if agent.index not in rollouts:
-                continue
+        active = [a for a in agents if a.index in rollouts]
+        experiences = []
+        for agent in active:
             completions, masks = rollouts[agent.index].per_prompt()
-            rewards = env.score(completions, prompts)
-            metrics[agent.index] = agent.learn((completions, masks, rewards))
+            experiences.append((completions, masks, env.score(completions, prompts)))
         env.step_to_next_batch()
-        return metrics
+        return dict(zip([a.index for a in active], learn_all(active, experiences)))
 
     return evolve(pop, train_step, lambda agents: evaluate_population(agents, env), max_steps=max_steps,
                   evaluation_interval=evaluation_interval, evo_steps=evo_steps, tournament=tournament,
