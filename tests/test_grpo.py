@@ -1,7 +1,6 @@
 """GRPO agent: actions, learning, reference policy, checkpoints, a short run that improves."""
 
 import json
-from pathlib import Path
 
 import pytest
 import torch

@@ -103,7 +103,6 @@ def test_checkpoint_across_ranks(tiny, tmp_path, trained):
     agent, seqs, _ = trained
     expected = agent.get_logprobs(seqs)
     agent.save_checkpoint(tmp_path / "r8")
-    model, tok = agent.shared.model, None
     bigger = agent.clone()
     bigger.set_lora_rank(16)
     _randomise(bigger, 5)

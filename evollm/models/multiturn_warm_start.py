@@ -33,22 +33,18 @@ from __future__ import annotations
 
 import copy
 import math
-import os
 import random
-import shutil
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
-from transformers import AutoTokenizer, LlamaForCausalLM
 
 from evollm.algorithms.multiturn_rollout import model_generate_fn, play_episodes
 from evollm.algorithms.rollout import SamplingConfig
-from evollm.models.tiny import TINY_DEFAULTS, build_tiny_model, set_generation_ids
+from evollm.models.tiny import TINY_DEFAULTS, build_tiny_model
 from evollm.models.tokenizer import build_tokenizer, tokenizer_fingerprint
-from evollm.models.warm_start import default_cache_dir, recipe_hash
+from evollm.models.warm_start import default_cache_dir, load_or_build, recipe_hash
 from evollm.tasks.games import game_env_factory
 
 #: Per task: game settings, teacher settings, the longest model turn in tokens, and SFT overrides.
@@ -178,7 +174,7 @@ def build_multiturn_warm_start(task: str, seed: int = 0, sft: dict | None = None
 
 
 def load_tiny_multiturn_model(task: str = "guess_number", warm_start: bool = True,
-                              cache_dir: str | os.PathLike | None = None, seed: int = 0,
+                              cache_dir: str | Path | None = None, seed: int = 0,
                               device: str | torch.device = "cpu", sft: dict | None = None):
     """``(model, tokenizer)``: the tiny model warm-started on a multi-turn game.
 
@@ -196,25 +192,7 @@ def load_tiny_multiturn_model(task: str = "guess_number", warm_start: bool = Tru
         return build_tiny_model(tokenizer, seed=seed).to(device), tokenizer
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     target = root / f"tiny-{task.replace('_', '-')}-{recipe_hash(_recipe(task, seed, sft))}"
-    if not (target / "config.json").exists():
-        root.mkdir(parents=True, exist_ok=True)
-        model, tokenizer = build_multiturn_warm_start(task, seed=seed, sft=sft)
-        tmp = Path(tempfile.mkdtemp(prefix=".tmp-tiny-", dir=root))
-        try:
-            model.save_pretrained(tmp, safe_serialization=True)
-            tokenizer.save_pretrained(tmp)
-            try:
-                os.rename(tmp, target)
-            except OSError:
-                if not (target / "config.json").exists():  # not a concurrent build: a real error
-                    raise
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-    tokenizer = AutoTokenizer.from_pretrained(str(target), local_files_only=True)
-    tokenizer.padding_side = "left"
-    model = LlamaForCausalLM.from_pretrained(str(target), local_files_only=True)
-    set_generation_ids(model, tokenizer)
-    return model.to(device).eval(), tokenizer
+    return load_or_build(target, lambda: build_multiturn_warm_start(task, seed=seed, sft=sft), device)
 
 
 def _main() -> None:  # pragma: no cover - manual measurement helper

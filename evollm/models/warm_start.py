@@ -383,10 +383,17 @@ def load_tiny_model(
         sft["steps"] = int(_sft_steps)
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     target = root / f"tiny-arith-{recipe_hash(_recipe(seed, sft))}"
+    return load_or_build(target, lambda: build_warm_start(seed=seed, sft=sft), device)
+
+
+def load_or_build(target: Path, build, device: str | torch.device = "cpu"):
+    """Load ``(model, tokenizer)`` saved at ``target``, building them with ``build()`` first if
+    absent. The build is written to a temporary folder and renamed, so a half-written cache entry
+    is never used (and two concurrent builds do not clash)."""
     if not (target / "config.json").exists():
-        root.mkdir(parents=True, exist_ok=True)
-        model, tokenizer = build_warm_start(seed=seed, sft=sft)
-        tmp = Path(tempfile.mkdtemp(prefix=".tmp-tiny-", dir=root))
+        target.parent.mkdir(parents=True, exist_ok=True)
+        model, tokenizer = build()
+        tmp = Path(tempfile.mkdtemp(prefix=".tmp-tiny-", dir=target.parent))
         try:
             model.save_pretrained(tmp, safe_serialization=True)
             tokenizer.save_pretrained(tmp)
