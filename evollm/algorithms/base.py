@@ -258,6 +258,7 @@ class LLMAgent:
         max_norm = self.config.max_grad_norm
         norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm else float("inf"))
         self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)  # a member holds no gradient memory between updates
         return float(norm)
 
 
