@@ -56,6 +56,7 @@ def train(config_path: str, overrides: list[str] | None = None, quiet: bool = Fa
     from .config import RunConfig, build_hpo, build_model
 
     cfg = RunConfig.from_yaml(config_path, overrides)
+    algorithm_class(cfg.algorithm.get("name", "GRPO"))  # a bad name fails before any model is built
     if cfg.threads:
         torch.set_num_threads(int(cfg.threads))
     torch.manual_seed(cfg.seed)

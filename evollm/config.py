@@ -71,9 +71,19 @@ def _apply_override(data: dict, item: str) -> None:
 def build_model(cfg: dict, seed: int, task_name: str | None = None):
     """``(model, tokenizer)`` from the model section."""
     cfg = dict(cfg)
-    if cfg.get("source", "tiny") == "tiny" and "name_or_path" not in cfg:
+    source = cfg.get("source", "tiny" if "name_or_path" not in cfg else "hub")
+    if source == "tiny":
         from .models.warm_start import load_tiny_model
         return load_tiny_model(warm_start=cfg.get("warm_start", True), cache_dir=cfg.get("cache_dir"), seed=seed)
+    if source == "tiny_multiturn":
+        from .models.multiturn_warm_start import load_tiny_multiturn_model
+        if not task_name:
+            raise ValueError("model.source=tiny_multiturn needs task.name (e.g. guess_number or chain_calc)")
+        return load_tiny_multiturn_model(task_name, warm_start=cfg.get("warm_start", True),
+                                         cache_dir=cfg.get("cache_dir"), seed=seed)
+    if "name_or_path" not in cfg:
+        raise ValueError(f"model.source={source!r} is not valid; choose one of ['tiny', 'tiny_multiturn'] "
+                         "or give model.name_or_path")
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
