@@ -312,8 +312,8 @@ def driver(args) -> int:
                 f.write(json.dumps({"time": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                                     "event": event, "load_avg": os.getloadavg()}) + "\n")
 
-    note_load("start")
     running: dict = {}
+    note_load("start")
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     try:
         while todo or running:
