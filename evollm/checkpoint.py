@@ -156,3 +156,38 @@ def _optimizer_shapes_match(optimizer, state: dict) -> bool:
             if key in entry and entry[key].shape != params[pid].shape:
                 return False
     return True
+
+
+def save_population(agents, population, path: str | Path) -> Path:
+    """Every member (``member_<id>/``, as :func:`save_agent`) plus the population record
+    (``population.json``: births, mutations, every measurement, member order)."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    for agent in agents:
+        save_agent(agent, path / f"member_{agent.index}")
+    state = population.state_dict()
+    state["members"] = [a.index for a in agents]
+    (path / "population.json").write_text(json.dumps(state, indent=1, default=_jsonable))
+    return path
+
+
+def load_population(path: str | Path, agent_cls, actor_network, **kwargs):
+    """Rebuild a saved population on ``actor_network`` (the same base model it was trained on):
+    each member keeps its id, LoRA rank, adapters, optimizer state and hyperparameters.
+    Returns ``(agents, population)``."""
+    from .population import Population
+
+    path = Path(path)
+    state = json.loads((path / "population.json").read_text())
+    agents = []
+    for index in state.pop("members"):
+        member_dir = path / f"member_{index}"
+        lora_config = LoraConfig.from_pretrained(str(member_dir / "adapter"))
+        lora_config.inference_mode = False
+        agent = agent_cls(actor_network, index=index, lora_config=lora_config, **kwargs)
+        agent.load_checkpoint(member_dir)
+        agents.append(agent)
+    population = Population()
+    population.load_state_dict(state)
+    population.members = list(agents)
+    return agents, population

@@ -116,3 +116,31 @@ def test_checkpoint_across_ranks(tiny, tmp_path, trained):
     smaller.load_checkpoint(tmp_path / "r8", merge_lora_configs=True)  # checkpoint rank wins
     assert smaller.lora_rank == 8
     torch.testing.assert_close(smaller.get_logprobs(seqs), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_population_checkpoint_round_trip(tiny, tmp_path, arithmetic_env):
+    from evollm.algorithms.grpo import GRPO
+    from evollm.checkpoint import load_population, save_population
+    from evollm.models.warm_start import load_tiny_model
+    from evollm.population import Population
+
+    model, tok = tiny
+    pop = make_grpo(model, tok, n=2, lr=1e-2)
+    pop[1].set_lora_rank(4)
+    pop[1].set_hyperparameter("beta", 0.03)
+    for i, a in enumerate(pop):
+        _randomise(a, i)
+        a.fitness.append(0.1 * i)
+    record = Population(pop)
+    record.record_evaluation(1, pop, [0.0, 0.1])
+    seqs = torch.cat(pop[0].get_action(arithmetic_env.reset())[0])
+    expected = [a.get_logprobs(seqs) for a in pop]
+    save_population(pop, record, tmp_path / "pop")
+    fresh, _ = load_tiny_model(warm_start=False, seed=0)
+    agents, population = load_population(tmp_path / "pop", GRPO, fresh, pad_token_id=tok.pad_token_id,
+                                         pad_token=tok.pad_token, eos_token_id=tok.eos_token_id)
+    assert [a.index for a in agents] == [a.index for a in pop]
+    assert [a.lora_rank for a in agents] == [8, 4] and agents[1].beta == 0.03
+    for a, exp in zip(agents, expected):
+        torch.testing.assert_close(a.get_logprobs(seqs), exp, atol=1e-5, rtol=1e-5)
+    assert population.report().equals(record.report()) and len(population.lineage()) == 2
