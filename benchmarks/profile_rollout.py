@@ -12,9 +12,11 @@ processors, sampling, stopping criteria, cache handling):
 * ``base_xN``  -- the same N-fold rows with every adapter disabled
 
 ``base_xN / base`` is what the N-fold batch costs the frozen model alone; ``batched - base_xN``
-is what routing adds. With ``--torch-profile`` the top aten ops of ``one`` and ``batched`` follow.
+is what routing adds. With ``--torch-profile`` the top aten ops of ``one`` and ``batched`` follow;
+``--overheads`` times the fixed costs around a step (entering ``routed()`` / ``SharedBase.use()``)
+and two alternatives (inverse-CDF sampling instead of ``torch.multinomial``, eager attention).
 
-Usage: ``python benchmarks/profile_rollout.py [--members 8] [--prompts 8] [--reps 15]``
+Usage: ``python benchmarks/profile_rollout.py [--threads 1] [--reps 15] [--torch-profile] [--overheads]``
 Writes ``benchmarks/results/profile_rollout.json``.
 """
 
@@ -120,6 +122,51 @@ def breakdown(pop, prompts, clock: Clock, reps: int, warmup: int) -> dict:
     return out
 
 
+def median_ms(fn, now, reps: int, warmup: int = 3) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        t0 = now()
+        fn()
+        times.append((now() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def overheads(pop, prompts, now, reps: int) -> dict:
+    """Fixed costs around the batched step, and two cheaper alternatives for sampling and attention."""
+    shared, names = pop[0].shared, [a.adapter_name() for a in pop]
+    n = len(pop)
+
+    def enter_exit(ctx):
+        with ctx():
+            pass
+
+    out = {"context_ms": {
+        f"routed({n} adapters) enter+exit": median_ms(lambda: enter_exit(lambda: routing.routed(shared, names, [1] * n)),
+                                                      now, reps),
+        "PeftModel.disable_adapter() enter+exit": median_ms(lambda: enter_exit(shared.model.disable_adapter), now, reps),
+        "SharedBase.use(one adapter) enter+exit": median_ms(lambda: enter_exit(lambda: shared.use(names[0])), now, reps),
+    }}
+    vocab = shared.model.get_output_embeddings().weight.shape[0]
+    rows = len(prompts) * pop[0].config.group_size
+    out["sampling_ms_per_token"] = {}
+    for r in (rows, rows * n):
+        probs = torch.softmax(torch.randn(r, vocab), -1)
+        out["sampling_ms_per_token"][f"{r} rows"] = {
+            "torch.multinomial": median_ms(lambda: torch.multinomial(probs, 1), now, reps * 5),
+            "inverse CDF (cumsum + searchsorted)": median_ms(
+                lambda: torch.searchsorted(probs.cumsum(-1), torch.rand(r, 1)).clamp_(max=vocab - 1), now, reps * 5)}
+    llama = shared.model.get_base_model()
+    out["attention_ms"] = {}
+    for impl in ("sdpa", "eager"):
+        llama.set_attn_implementation(impl)
+        out["attention_ms"][impl] = {"one": median_ms(lambda: generate_population(pop[:1], prompts), now, reps),
+                                     "batched": median_ms(lambda: generate_population(pop, prompts), now, reps)}
+    llama.set_attn_implementation("sdpa")
+    return out
+
+
 def torch_profile(fn, rows: int = 12) -> str:
     fn()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
@@ -138,6 +185,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--torch-profile", action="store_true")
+    ap.add_argument("--overheads", action="store_true",
+                    help="also time routed()/use() entry, multinomial vs inverse-CDF sampling, sdpa vs eager attention")
     ap.add_argument("--clock", choices=["cpu", "wall"], default="cpu",
                     help="cpu: process CPU time, robust to other processes on the machine (default); wall: perf_counter")
     ap.add_argument("--out", default=str(RESULTS / "profile_rollout.json"))
@@ -177,9 +226,21 @@ def main() -> None:
             tables[name] = torch_profile(fn)
             print(f"\ntorch.profiler, {name}:\n{tables[name]}")
 
+    extra = {}
+    if args.overheads:
+        extra = overheads(pop, prompts, clock.now, args.reps)
+        print(f"\nFixed costs and alternatives (median {args.clock} ms):")
+        for k, v in extra["context_ms"].items():
+            print(f"- {k}: {v:.2f}")
+        for r, v in extra["sampling_ms_per_token"].items():
+            print(f"- sampling one token, {r}: " + ", ".join(f"{k} {t:.3f}" for k, t in v.items()))
+        for impl, v in extra["attention_ms"].items():
+            print(f"- attn_implementation={impl}: one {v['one']:.1f}, batched {v['batched']:.1f} "
+                  f"(ratio {v['batched'] / v['one']:.2f})")
+
     result = {"benchmark": "profile_rollout", "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
               "torch": torch.__version__, "settings": vars(args), "loadavg": [load_before, load_after],
-              "median_ms": res, "torch_profiler": tables}
+              "median_ms": res, "overheads": extra, "torch_profiler": tables}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2))
     print(f"\nwrote {args.out}")
