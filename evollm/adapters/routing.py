@@ -109,22 +109,24 @@ def routed(shared: SharedBase, names: Sequence[str], counts: Sequence[int], diff
     """
     router = _Router(shared, names, counts, differentiable)
     model = shared.model
+    layers = [m for _, m in shared.lora_layers()]
+    disabled = [m._disable_adapters for m in layers]
+    for m in layers:  # PEFT computes the base output only; the hooks add the routed updates
+        m._disable_adapters = True
     handles = [m.register_forward_hook(router.hook) for m in router.layers]
     was_training = model.training
-    if not differentiable:
+    if not differentiable and was_training:
         model.eval()
+    if differentiable:  # inactive adapters are frozen by PEFT; the routed ones must get gradients
+        for name in router.names:
+            for p in shared.parameters(name):
+                p.requires_grad_(True)
     try:
-        with model.disable_adapter():
-            if differentiable:  # PEFT freezes every adapter while they are disabled
-                for name in router.names:
-                    for p in shared.parameters(name):
-                        p.requires_grad_(True)
-            yield model
+        yield model
     finally:
         for h in handles:
             h.remove()
-        model.train(was_training)
-        if differentiable:  # PEFT re-froze all but its active adapter on exit; backward comes after
-            for name in router.names:
-                for p in shared.parameters(name):
-                    p.requires_grad_(True)
+        for m, flag in zip(layers, disabled):
+            m._disable_adapters = flag
+        if model.training != was_training:
+            model.train(was_training)
