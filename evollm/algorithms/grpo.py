@@ -138,10 +138,10 @@ class GRPO(LLMAgent):
     # ------------------------------------------------------------------ evaluation
     def test(self, env, loop: int = 1) -> float:
         """Fitness: mean reward on the env's FIXED test set with greedy decoding (appended to
-        ``self.fitness``)."""
+        ``self.fitness``). Greedy decoding of fixed prompts is deterministic, so ``loop`` (kept for
+        API compatibility) never changes the result and one pass is run."""
         from ..training.batched import evaluate_population
-        fitness = evaluate_population([self], env)[0]
-        return fitness
+        return evaluate_population([self], env)[0]
 
 
 class GSPO(GRPO):
@@ -181,7 +181,7 @@ def _prepare(agent: GRPO, experiences) -> _Prepared:
         raise ValueError(f"got {rewards.numel()} rewards for {seqs.shape[0]} completions")
     if rewards.numel() % c.group_size:
         raise ValueError(f"{rewards.numel()} rewards do not split into groups of group_size={c.group_size}")
-    return _Prepared(seqs, _attention_from_sequences(seqs, mask, agent.pad_token_id), mask,
+    return _Prepared(seqs, _attention_from_sequences(seqs, agent.pad_token_id), mask,
                      F.group_advantages(rewards, c.group_size, scale=c.scale_rewards), rewards)
 
 
@@ -202,12 +202,14 @@ def _joint_logprobs(agents, seqs, attn, rows_each: int, grad: bool, reference: b
         return forward_logprobs(model, seqs, attn, c.temperature, chunk, logits_budget_mb=c.logits_budget_mb)
 
 
-def _fits_one_forward(agents, seqs) -> bool:
+def _fits_one_forward(agents, tokens: int) -> bool:
+    """Whether all members' rows (``tokens`` ids in all) can go through one forward pass within
+    the logits memory budget (members are then not chunked apart)."""
     c = agents[0].config
     if len(agents) == 1:
         return True
     vocab = agents[0].shared.model.get_output_embeddings().weight.shape[0]
-    return c.logprob_chunk_rows is None and 4 * seqs.numel() * vocab <= c.logits_budget_mb * 2**20
+    return c.logprob_chunk_rows is None and 4 * tokens * vocab <= c.logits_budget_mb * 2**20
 
 
 def grpo_update(agents: Sequence[GRPO], experiences: Sequence) -> list[dict[str, float]]:
@@ -215,7 +217,7 @@ def grpo_update(agents: Sequence[GRPO], experiences: Sequence) -> list[dict[str,
     batches = [_prepare(a, e) for a, e in zip(agents, experiences)]
     n_rows = {b.seqs.shape[0] for b in batches}
     width = max(b.seqs.shape[1] for b in batches)
-    if len(n_rows) > 1 or not _fits_one_forward(agents, torch.empty(sum(n_rows) * len(agents), width)):
+    if len(n_rows) > 1 or not _fits_one_forward(agents, sum(n_rows) * len(agents) * width):
         if len(agents) > 1:  # ragged or too large for one forward: member by member
             return [grpo_update([a], [e])[0] for a, e in zip(agents, experiences)]
     rows_total = batches[0].seqs.shape[0]
@@ -286,7 +288,7 @@ def _stack(rows, pad_value: int) -> torch.Tensor:
     return torch.cat(padded, dim=0)
 
 
-def _attention_from_sequences(seqs: torch.Tensor, action_mask: torch.Tensor, pad_token_id: int) -> torch.Tensor:
+def _attention_from_sequences(seqs: torch.Tensor, pad_token_id: int) -> torch.Tensor:
     """Recover the attention mask of left-padded prompt + completion rows: the leading pad run is
     masked, everything after the first real token is visible."""
     is_pad = seqs == pad_token_id

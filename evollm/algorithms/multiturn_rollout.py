@@ -231,7 +231,7 @@ def episode_batch(experiences, pad_token_id: int) -> EpisodeBatch:
     if turn_ids.numel() and int(turn_ids.max()) >= rewards.shape[1]:
         raise ValueError(f"turn id {int(turn_ids.max())} has no reward column (rewards {tuple(rewards.shape)})")
     turn_ids = torch.where(masks.bool(), turn_ids, torch.full_like(turn_ids, -1))
-    return EpisodeBatch(ids, _attention_from_sequences(ids, masks, pad_token_id), masks.long(), turn_ids, rewards)
+    return EpisodeBatch(ids, _attention_from_sequences(ids, pad_token_id), masks.long(), turn_ids, rewards)
 
 
 # --------------------------------------------------------------------------- #
