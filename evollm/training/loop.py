@@ -17,6 +17,7 @@ from tqdm.auto import tqdm
 
 from ..population import Population
 from .batched import evaluate_population, generate_population
+from .callbacks import Callback, LoopState, call
 
 
 def validate_settings(pop: Sequence, max_steps: int, evaluation_interval: int, evo_steps: int | None,
@@ -47,14 +48,19 @@ def evolve(pop: Sequence, train_step: Callable[[list, int], dict[int, dict]],
            evaluate: Callable[[list], list[float]], *, max_steps: int, evaluation_interval: int,
            evo_steps: int | None = None, tournament=None, mutation=None, population: Population | None = None,
            save_elite: bool = False, elite_path: str | Path | None = None, verbose: bool = True,
-           seed: int = 0, log: Callable[[str], None] | None = None) -> tuple[list, Population]:
+           seed: int = 0, log: Callable[[str], None] | None = None,
+           callbacks: Sequence[Callback] = ()) -> tuple[list, Population]:
     """The loop itself; :func:`finetune_llm_reasoning` and ``finetune_llm_multiturn`` supply the
-    ``train_step`` (returns per-member metrics) and ``evaluate`` (returns fitness per member)."""
+    ``train_step`` (returns per-member metrics) and ``evaluate`` (returns fitness per member).
+    ``callbacks`` (:class:`~evollm.training.callbacks.Callback`) are called at every step,
+    evaluation, selection and at the end."""
     validate_settings(pop, max_steps, evaluation_interval, evo_steps, tournament, mutation)
     agents = list(pop)
     record = population if population is not None else Population(agents)
     log = log or (lambda msg: tqdm.write(msg))
     since_eval: dict[int, list[float]] = {}
+    state = LoopState(0, max_steps, agents, record)
+    call(callbacks, "on_train_begin", state)
     bar = tqdm(range(max_steps), desc="train", disable=not verbose, dynamic_ncols=True)
     for step in bar:
         torch.manual_seed(seed + step)
@@ -66,6 +72,8 @@ def evolve(pop: Sequence, train_step: Callable[[list, int], dict[int, dict]],
             if not math.isfinite(m.get("loss", 0.0)):
                 _quarantine(agent, m, log)
         done = step + 1
+        state.step, state.agents = done, agents
+        call(callbacks, "on_step_end", state, metrics)
         if done % evaluation_interval == 0 or done == max_steps:
             fitness = evaluate(agents)
             for i, agent in enumerate(agents):
@@ -73,6 +81,7 @@ def evolve(pop: Sequence, train_step: Callable[[list, int], dict[int, dict]],
                     fitness[i] = agent.fitness[-1] = -math.inf
             train_rewards = {a.index: _mean(since_eval.get(a.index, [])) for a in agents}
             record.record_evaluation(done, agents, fitness, train_rewards)
+            call(callbacks, "on_evaluation", state, fitness)
             since_eval.clear()
             best = max(fitness)
             bar.set_postfix(best_fitness=f"{best:.3f}", train_reward=f"{_mean(train_rewards.values()):.3f}")
@@ -80,10 +89,13 @@ def evolve(pop: Sequence, train_step: Callable[[list, int], dict[int, dict]],
                 log(f"step {done:>5}  train reward {_mean(train_rewards.values()):.3f}  fitness "
                     + " ".join(f"{f:.3f}" for f in fitness))
         if evo_steps is not None and done % evo_steps == 0 and done < max_steps:
-            agents = _evolve_once(agents, tournament, mutation, record, done)
+            agents, result = _evolve_once(agents, tournament, mutation, record, done)
+            state.agents = agents
+            call(callbacks, "on_selection", state, result)
             if save_elite:
                 record.best().save_checkpoint(Path(elite_path or "elite") / f"step_{done}")
     record.members = list(agents)
+    call(callbacks, "on_train_end", state)
     return agents, record
 
 
@@ -94,7 +106,7 @@ def _evolve_once(agents: list, tournament, mutation, record: Population, step: i
     for old in result.dropped:
         if old not in result.population:
             old.release()
-    return list(result.population)
+    return list(result.population), result
 
 
 def _quarantine(agent, metrics: dict, log) -> None:
@@ -129,8 +141,8 @@ def learn_all(agents: Sequence, experiences: Sequence) -> list[dict]:
 def finetune_llm_reasoning(pop: Sequence, env, max_steps: int, evaluation_interval: int = 10,
                            evo_steps: int | None = None, tournament=None, mutation=None,
                            save_elite: bool = False, elite_path: str | Path | None = None,
-                           verbose: bool = True, seed: int = 0,
-                           population: Population | None = None) -> tuple[list, Population]:
+                           verbose: bool = True, seed: int = 0, population: Population | None = None,
+                           callbacks: Sequence[Callback] = ()) -> tuple[list, Population]:
     """Train a population of single-turn agents (GRPO family) on a :class:`ReasoningGym`.
 
     Every step, all members answer the same prompts (one batched generate over the shared base),
@@ -158,4 +170,4 @@ def finetune_llm_reasoning(pop: Sequence, env, max_steps: int, evaluation_interv
     return evolve(pop, train_step, lambda agents: evaluate_population(agents, env), max_steps=max_steps,
                   evaluation_interval=evaluation_interval, evo_steps=evo_steps, tournament=tournament,
                   mutation=mutation, population=population, save_elite=save_elite, elite_path=elite_path,
-                  verbose=verbose, seed=seed)
+                  verbose=verbose, seed=seed, callbacks=callbacks)

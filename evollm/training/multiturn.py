@@ -66,7 +66,8 @@ def finetune_llm_multiturn(pop: Sequence, max_turns: int, env_factory: Callable[
                            mutation=None, episodes_per_step: int = 16, eval_episodes: int = 64,
                            save_elite: bool = False, elite_path: str | Path | None = None, verbose: bool = True,
                            seed: int = 0, population: Population | None = None,
-                           on_evaluation: Callable[[int, list, dict], None] | None = None) -> tuple[list, Population]:
+                           on_evaluation: Callable[[int, list, dict], None] | None = None,
+                           callbacks: Sequence = ()) -> tuple[list, Population]:
     """Train a population on a multi-turn environment.
 
     Args:
@@ -108,7 +109,7 @@ def finetune_llm_multiturn(pop: Sequence, max_turns: int, env_factory: Callable[
 
     return evolve(pop, train_step, evaluate, max_steps=max_steps, evaluation_interval=evaluation_interval,
                   evo_steps=evo_steps, tournament=tournament, mutation=mutation, population=population,
-                  save_elite=save_elite, elite_path=elite_path, verbose=verbose, seed=seed)
+                  save_elite=save_elite, elite_path=elite_path, verbose=verbose, seed=seed, callbacks=callbacks)
 
 
 # --------------------------------------------------------------------------- from a run config
