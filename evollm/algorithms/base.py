@@ -260,7 +260,7 @@ class LLMAgent:
         c = self.config
         return SamplingConfig(max_new_tokens=c.max_output_tokens, temperature=c.temperature, top_p=c.top_p,
                               top_k=c.top_k, do_sample=training, num_return_sequences=group_size if training else 1,
-                              stop_strings=tuple(c.stop_strings), extra=tuple(sorted(c.generation_overrides.items())))
+                              stop_strings=tuple(c.stop_strings), extra=tuple(sorted((k, _frozen(v)) for k, v in c.generation_overrides.items())))
 
     def get_logprobs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                      use_reference: bool = False, with_entropy: bool = False):
@@ -287,6 +287,11 @@ class LLMAgent:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)  # a member holds no gradient memory between updates
         return float(norm)
+
+
+def _frozen(value):
+    """Lists (from YAML/JSON) as tuples, so sampling settings can group members."""
+    return tuple(_frozen(v) for v in value) if isinstance(value, (list, tuple)) else value
 
 
 def all_eos_ids(model, eos_token_id, tokenizer, pad_token_id: int) -> tuple[int, ...]:

@@ -78,8 +78,12 @@ class SamplingConfig:
             kw.update(temperature=float(self.temperature), top_k=int(self.top_k), top_p=float(self.top_p))
         if self.stop_strings:
             kw["stop_strings"] = list(self.stop_strings)
-        kw.update(dict(self.extra))
+        kw.update({k: _thawed(v) for k, v in self.extra})
         return GenerationConfig(**kw)
+
+
+def _thawed(value):
+    return [_thawed(v) for v in value] if isinstance(value, tuple) else value
 
 
 def check_extra(extra: dict) -> None:
