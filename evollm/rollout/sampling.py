@@ -153,7 +153,7 @@ def generate(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, sampl
     if tokenizer is not None and sampling.stop_strings:
         kwargs["tokenizer"] = tokenizer
     if return_scores:
-        kwargs.update(output_scores=True, return_dict_in_generate=True)
+        config.output_scores = config.return_dict_in_generate = True
     with _model_defaults_hidden(model):
         if reps > 1 and share_prefix and ids.shape[1] > 1:
             prefix = model(input_ids=ids[:, :-1], attention_mask=mask[:, :-1],
