@@ -50,6 +50,15 @@ def build_population(cfg, model, tokenizer, hp_config):
     return members
 
 
+def run_callbacks(cfg, out: Path) -> list:
+    """The run-directory writer and the live loggers the ``logging:`` section asks for."""
+    from .run.files import RunFilesWriter
+    from .run.logging import LoggingConfig, logging_callbacks
+
+    logging_cfg = LoggingConfig.from_dict(cfg.logging)
+    return [RunFilesWriter(out, plots=logging_cfg.plots), *logging_callbacks(logging_cfg, out, cfg.to_dict())]
+
+
 def train(config_path: str, overrides: list[str] | None = None, quiet: bool = False) -> dict:
     import torch
 
@@ -72,6 +81,7 @@ def train(config_path: str, overrides: list[str] | None = None, quiet: bool = Fa
     evo_steps = train_cfg.pop("evo_steps", None)
     if evo_steps is None:
         mutation = selection = None
+    train_cfg["callbacks"] = run_callbacks(cfg, out)
     env_type = cfg.env.get("type", "reasoning")
     print(f"evollm: {len(members)} x {type(members[0]).__name__} on one shared base "
           f"({sum(p.numel() for p in members[0].shared.base_parameters()):,} base parameters), env={env_type}")
@@ -84,7 +94,8 @@ def train(config_path: str, overrides: list[str] | None = None, quiet: bool = Fa
     else:
         raise ValueError(f"env.type={env_type!r} is not valid; choose one of ['reasoning', 'multiturn']")
     agents, population = result["agents"], result["population"]
-    paths = population.write(out)
+    paths = population.write(out, plots=False)  # the plots are already drawn by the run-files writer
+    paths.update({p.stem + "_plot": p for p in sorted(out.glob("*.png"))})
     best = population.best()
     best.save_checkpoint(out / "best_member")
     result["wall_time_s"] = time.perf_counter() - t0
@@ -98,7 +109,8 @@ def train(config_path: str, overrides: list[str] | None = None, quiet: bool = Fa
     print(report[cols].tail(2 * len(agents)).to_string(index=False))
     print(f"\nwarm start fitness {result['initial_fitness']:.3f} -> best member {best.index} "
           f"fitness {result['final_fitness']:.3f}   ({result['wall_time_s']:.0f} s)")
-    print(f"outputs in {out}/: report.csv, lineage.csv, fitness.png, hyperparameters.png, best_member/")
+    print(f"outputs in {out}/: report.csv, lineage.csv, metrics.csv, *.png, tensorboard/, best_member/ "
+          f"(evollm report {out})")
     return summary
 
 
@@ -110,16 +122,23 @@ def main(argv: list[str] | None = None) -> int:
     p_train.add_argument("--set", dest="overrides", action="append", default=[],
                          help="override a config value, e.g. --set train.max_steps=10")
     p_train.add_argument("--quiet", action="store_true", help="no progress bar")
+    p_report = sub.add_parser("report", help="summarise a run directory and redraw its plots (finished, running or dead)")
+    p_report.add_argument("run_dir")
+    p_report.add_argument("--out", default=None, help="write plots and tables here instead of into RUN_DIR")
+    p_report.add_argument("--no-plots", dest="plots", action="store_false", help="only print the summary")
     args = parser.parse_args(argv)
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
-    if args.command == "train":
-        try:
+    try:
+        if args.command == "train":
             train(args.config, args.overrides, args.quiet)
-        except (ValueError, TypeError, KeyError, FileNotFoundError) as e:
-            print(f"evollm: error: {e}", file=sys.stderr)
-            return 2
+        elif args.command == "report":
+            from .run.report import report_run
+            report_run(args.run_dir, args.out, plots=args.plots)
+    except (ValueError, TypeError, KeyError, FileNotFoundError) as e:
+        print(f"evollm: error: {e}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -14,6 +14,7 @@ Sections (all optional except ``algorithm``)::
     hpo:       {hp_config: {lr: {min: 1.0e-5, max: 1.0e-3, log: true}},
                 mutation: {no_mutation: 0.4, rl_hp: 0.6}, selection: {type: tournament, tournament_size: 2}}
     train:     {max_steps: 60, evaluation_interval: 10, evo_steps: 20}
+    logging:   {tensorboard: true, wandb: false, mlflow: false, plots: true}  # evollm.run.logging.LoggingConfig
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from typing import Any
 
 import yaml
 
-SECTIONS = ("seed", "output_dir", "threads", "model", "task", "env", "algorithm", "hpo", "train")
+SECTIONS = ("seed", "output_dir", "threads", "model", "task", "env", "algorithm", "hpo", "train", "logging")
 
 
 @dataclass
@@ -39,6 +40,7 @@ class RunConfig:
     env: dict = field(default_factory=lambda: {"type": "reasoning"})
     hpo: dict = field(default_factory=dict)
     train: dict = field(default_factory=dict)
+    logging: dict = field(default_factory=dict)  # live logging, see evollm.run.logging.LoggingConfig
 
     @classmethod
     def from_yaml(cls, path: str | Path, overrides: list[str] | None = None) -> "RunConfig":
