@@ -21,14 +21,20 @@ class RunFilesWriter(Callback):
     """Writes ``report.csv``, ``lineage.csv``, ``metrics.csv``, ``progress.json`` and (with ``plots``)
     the PNGs into ``run_dir`` as the run goes.
 
+    With ``plots``, the population plots are redrawn at an evaluation unless drawing them has
+    already taken more than ``plot_budget`` of the run's wall time (tiny models evaluated every few
+    steps would otherwise spend most of their time in matplotlib); everything is drawn at the end.
+
     A step's metrics rows are appended once the step is complete, evaluation included: at the next
     step's end, or at once when the step is evaluated. When a new metric column appears, the file is
     rewritten with the wider header (atomically), so every line always matches the header.
     """
 
-    def __init__(self, run_dir: str | Path, plots: bool = True):
+    def __init__(self, run_dir: str | Path, plots: bool = True, plot_budget: float = 0.1):
         self.run_dir = Path(run_dir)
         self.plots = plots
+        self.plot_budget = plot_budget
+        self.plot_seconds = 0.0
         self.written = 0
         self.columns: list[str] = []
         self.started = time.time()
@@ -39,6 +45,7 @@ class RunFilesWriter(Callback):
 
     # ------------------------------------------------------------------ events
     def on_train_begin(self, state: LoopState) -> None:
+        self.started = time.time()
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self._rewrite_metrics(state.record.metric_rows)  # a resumed run starts from its record, not the file
         self._write_tables(state)
@@ -50,7 +57,7 @@ class RunFilesWriter(Callback):
     def on_evaluation(self, state: LoopState, fitness) -> None:
         self._append_metrics(state.record.metric_rows)
         self._write_tables(state)
-        if self.plots:
+        if self.plots and self.plot_seconds <= self.plot_budget * (time.time() - self.started):
             self._plot(state)
         self._progress(state, "running")
 
@@ -67,17 +74,19 @@ class RunFilesWriter(Callback):
 
     # ------------------------------------------------------------------ files
     def _write_tables(self, state: LoopState) -> None:
-        write_csv(state.record.report(), self.run_dir / "report.csv")
-        write_csv(state.record.lineage(), self.run_dir / "lineage.csv")
+        for name, frame in (("report", state.record.report()), ("lineage", state.record.lineage())):
+            if len(frame):  # no header-only files: a reader finds either rows or nothing
+                write_csv(frame, self.run_dir / f"{name}.csv")
 
     def _plot(self, state: LoopState, every_member: bool = False) -> None:
         """The population plots; the per-member diagnostics grids (one PNG per member ever born,
         the slow part) only at the end: ``evollm report`` draws them for a run that died."""
         from ..plots import plot_run
 
-        record = state.record
+        record, started = state.record, time.perf_counter()
         plot_run(record.report(), record.lineage(), record.metrics(), self.run_dir,
                  members=None if every_member else ())
+        self.plot_seconds += time.perf_counter() - started
 
     def _rewrite_metrics(self, rows: list[dict]) -> None:
         self.columns = _columns(rows)
