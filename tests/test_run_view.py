@@ -18,7 +18,8 @@ from evollm.cli import main
 from evollm.hpo import Mutations, TournamentSelection
 from evollm.population import Population
 from evollm.run.files import RunFilesWriter
-from evollm.run.logging import LoggingConfig, TensorBoardLogger, logging_callbacks
+from evollm.config import RunConfig
+from evollm.run.logging import TensorBoardLogger, logging_callbacks
 from evollm.run.report import read_run, report_run
 from evollm.training.loop import finetune_llm_reasoning
 
@@ -110,8 +111,9 @@ def test_wandb_and_mlflow_when_installed_and_a_one_line_error_when_not(monkeypat
         log_metrics=lambda d, step: calls.append(("mlflow", step, d)), end_run=lambda: calls.append("end"))
     monkeypatch.setitem(sys.modules, "wandb", wandb)
     monkeypatch.setitem(sys.modules, "mlflow", mlflow)
-    cfg = LoggingConfig.from_dict({"tensorboard": False, "wandb": {"mode": "offline"}, "mlflow": {"run_name": "r"}})
-    cbs = logging_callbacks(cfg, tmp_path, {"seed": 3, "train": {"max_steps": 2}})
+    log = RunConfig.from_dict({"algorithm": {"name": "GRPO"}, "logging": {
+        "tensorboard": False, "wandb": {"mode": "offline"}, "mlflow": {"run_name": "r"}}}).logging
+    cbs = logging_callbacks(tmp_path, log.tensorboard, log.wandb, log.mlflow, {"seed": 3, "train": {"max_steps": 2}})
     model, tok = tiny
     _evolve(model, tok, arithmetic_env, steps=2, callbacks=cbs)
     init = next(c for c in calls if c[0] == "init")[1]
@@ -124,9 +126,9 @@ def test_wandb_and_mlflow_when_installed_and_a_one_line_error_when_not(monkeypat
     assert "fin" in calls and "end" in calls
     monkeypatch.setitem(sys.modules, "wandb", None)  # not installed: import fails
     with pytest.raises(ValueError, match=r"^logging.wandb is set but wandb is not installed \(pip install wandb\)"):
-        logging_callbacks(LoggingConfig.from_dict({"wandb": True}), tmp_path)
-    with pytest.raises(ValueError, match=r"logging: unknown key\(s\) \['tensorbord'\]"):
-        LoggingConfig.from_dict({"tensorbord": True})
+        logging_callbacks(tmp_path, wandb=True)
+    with pytest.raises(ValueError, match=r"logging.tensorbord: unknown key .*did you mean 'tensorboard'"):
+        RunConfig.from_dict({"algorithm": {"name": "GRPO"}, "logging": {"tensorbord": True}})
 
 
 def _train_args(out, cache_dir, steps, *extra):

@@ -16,59 +16,25 @@ so its charts overlay the members; W&B and MLflow get one run with keys ``member
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from .callbacks import Callback, LoopState
 
 
-@dataclass
-class LoggingConfig:
-    """The ``logging:`` section of a run config.
-
-    Attributes:
-        tensorboard: write TensorBoard event files under ``<output_dir>/tensorboard`` (``tensorboard
-            --logdir <output_dir>/tensorboard``).
-        wandb: log to Weights & Biases; ``true`` or a dict of ``wandb.init`` keywords (``project``,
-            ``entity``, ``name``, ``mode``, ...). Needs ``pip install wandb``.
-        mlflow: log to MLflow; ``true`` or a dict with ``tracking_uri``, ``experiment_name``,
-            ``run_name``. Needs ``pip install mlflow``.
-        plots: redraw the run's PNGs at every evaluation (CSV files are always kept current).
-    """
-
-    tensorboard: bool = True
-    wandb: bool | dict = False
-    mlflow: bool | dict = False
-    plots: bool = True
-
-    @classmethod
-    def from_dict(cls, data: dict | None) -> "LoggingConfig":
-        data = dict(data or {})
-        valid = [f.name for f in fields(cls)]
-        unknown = sorted(set(data) - set(valid))
-        if unknown:
-            raise ValueError(f"logging: unknown key(s) {unknown}; valid keys: {valid}")
-        for name in ("tensorboard", "plots"):
-            if name in data and not isinstance(data[name], bool):
-                raise ValueError(f"logging.{name} must be true or false, got {data[name]!r}")
-        for name in ("wandb", "mlflow"):
-            if name in data and not isinstance(data[name], (bool, dict)):
-                raise ValueError(f"logging.{name} must be true, false or a dict of settings, got {data[name]!r}")
-        return cls(**data)
-
-
-def logging_callbacks(config: LoggingConfig, run_dir: str | Path, run_config: dict | None = None) -> list[Callback]:
-    """The live loggers ``config`` asks for, writing under ``run_dir``. Raises a one-line
+def logging_callbacks(run_dir: str | Path, tensorboard: bool = True, wandb: bool | dict = False,
+                      mlflow: bool | dict = False, run_config: dict | None = None) -> list[Callback]:
+    """The live loggers asked for (the ``logging:`` section of a run config), writing under
+    ``run_dir``; ``wandb``/``mlflow`` are ``True`` or a dict of settings. Raises a one-line
     ``ValueError`` when W&B or MLflow is asked for but not installed."""
     run_dir = Path(run_dir)
     out: list[Callback] = []
-    if config.tensorboard:
+    if tensorboard:
         out.append(TensorBoardLogger(run_dir / "tensorboard"))
-    if config.wandb:
-        out.append(WandbLogger(config.wandb if isinstance(config.wandb, dict) else {}, run_dir, run_config))
-    if config.mlflow:
-        out.append(MLflowLogger(config.mlflow if isinstance(config.mlflow, dict) else {}, run_config))
+    if wandb:
+        out.append(WandbLogger(wandb if isinstance(wandb, dict) else {}, run_dir, run_config))
+    if mlflow:
+        out.append(MLflowLogger(mlflow if isinstance(mlflow, dict) else {}, run_config))
     return out
 
 
@@ -173,10 +139,6 @@ class MLflowLogger(_TrackerLogger):
 
     def __init__(self, settings: dict, run_config: dict | None = None):
         mlflow = _require("mlflow", "logging.mlflow")
-        unknown = sorted(set(settings) - {"tracking_uri", "experiment_name", "run_name"})
-        if unknown:
-            raise ValueError(f"logging.mlflow: unknown key(s) {unknown}; valid keys: "
-                             "['experiment_name', 'run_name', 'tracking_uri']")
         self.mlflow = mlflow
         if settings.get("tracking_uri"):
             mlflow.set_tracking_uri(settings["tracking_uri"])

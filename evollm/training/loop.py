@@ -17,8 +17,8 @@ import torch
 from tqdm.auto import tqdm
 
 from ..population import Population
+from ..rollout import evaluate_population, generate_population
 from ..run.measure import member_tokens, with_costs
-from .batched import evaluate_population, generate_population
 from .callbacks import Callback, LoopState, call
 
 

@@ -26,8 +26,8 @@ import torch
 from tqdm.auto import tqdm
 
 from ..algorithms.grpo import GRPO
-from ..algorithms.multiturn_rollout import Episode, EnvPool, collect_episodes, stack_episodes
 from ..population import Population
+from ..rollout import Episode, EnvPool, collect_episodes, stack_episodes
 from ..run.measure import member_tokens, with_costs
 from .loop import evolve
 
@@ -145,7 +145,9 @@ def run_multiturn_from_config(cfg, members, tokenizer, train_cfg: dict, evo_step
     """What ``evollm train`` runs for ``env.type: multiturn``: measure the warm start on the fixed evaluation
     episodes, train, and return ``{agents, population, initial_fitness, final_fitness, initial_success,
     final_success}`` (fitness = mean return; success = fraction of episodes won, best member)."""
-    factory, max_turns = env_factory_from_config(cfg.task, cfg.env, tokenizer)
+    task = {"name": cfg.task.name, **cfg.task.game}
+    env = {k: v for k, v in cfg.env.to_dict().items() if v is not None}
+    factory, max_turns = env_factory_from_config(task, env, tokenizer)
     train_cfg = dict(train_cfg)
     eval_n = int(train_cfg.pop("eval_episodes", 64))
     seed = int(cfg.seed)
