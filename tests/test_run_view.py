@@ -203,3 +203,25 @@ def test_report_on_a_finished_run_and_on_a_wrong_directory(tmp_path, cache_dir, 
     rc, text = rc_and_text(["report", str(tmp_path / "empty")], capsys)
     assert rc == 2 and "not an evollm run directory" in text
     assert math.isfinite(float(pd.read_csv(out / "metrics.csv")["tokens_per_s"].iloc[0]))
+
+
+def test_multiturn_ppo_metrics_have_the_critic_and_the_costs():
+    from evollm.adapters.shared import default_lora_config
+    from evollm.algorithms.ppo import LLMPPO
+    from evollm.models.tiny import build_tiny_model
+    from evollm.models.tokenizer import build_tokenizer
+    from evollm.plots import diagnostic_panels
+    from evollm.tasks.games import game_env_factory
+    from evollm.training.multiturn import finetune_llm_multiturn
+
+    tok = build_tokenizer()
+    model = build_tiny_model(tok, seed=0)
+    pop = [LLMPPO(model, pad_token_id=tok.pad_token_id, lora_config=default_lora_config(r=4), max_output_tokens=3,
+                  batch_size=4)]
+    factory = game_env_factory("guess_number", tok, game={"max_turns": 2}, max_model_len=96, max_output_tokens=3)
+    _, record = finetune_llm_multiturn(pop, max_turns=2, env_factory=factory, max_steps=2, evaluation_interval=2,
+                                       episodes_per_step=2, eval_episodes=2, verbose=False)
+    m = record.metrics()
+    assert len(m) == 2 and {"value_loss", "policy_loss", "explained_variance", "mean_turns"} <= set(m.columns)
+    assert (m["gen_tokens"] > 0).all() and (m["time_generate_s"] > 0).all() and m["time_eval_s"].notna().tolist() == [False, True]
+    assert ("value_loss", "value loss (critic)") in diagnostic_panels(m)
