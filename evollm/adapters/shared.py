@@ -87,6 +87,14 @@ class SharedBase:
             shared.add_adapter(cls.member_adapter(index, role), lora_config)
         return shared, index
 
+    @classmethod
+    def find(cls, model: torch.nn.Module) -> "SharedBase | None":
+        """The shared base already made for ``model`` (or its PEFT wrapper), if any."""
+        shared = _REGISTRY.get(model)
+        if shared is None and isinstance(model, PeftModel):
+            shared = _REGISTRY.get(model.get_base_model())
+        return shared
+
     def reserve_index(self, index: int | None = None) -> int:
         """A member id never used before on this base (or claim ``index``, which must be new)."""
         if index is None:
