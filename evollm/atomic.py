@@ -114,8 +114,16 @@ def atomic_folder(final: str | Path, kind: str, extra: dict | None = None) -> It
         raise
 
 
+def remove_folder(folder: str | Path) -> None:
+    """Delete a checkpoint folder so that a kill mid-way never leaves a half-deleted one under its name."""
+    folder = Path(folder)
+    trash = folder.parent / f".del-{folder.name}-{os.getpid()}-{time.monotonic_ns()}"
+    os.rename(folder, trash)
+    shutil.rmtree(trash, ignore_errors=True)
+
+
 def clean_temporaries(parent: str | Path) -> None:
-    """Remove ``.tmp-*`` / ``.old-*`` folders left by saves that were killed."""
+    """Remove ``.tmp-*`` / ``.old-*`` / ``.del-*`` folders left by saves and deletions that were killed."""
     parent = Path(parent)
     if not parent.is_dir():
         return
@@ -125,5 +133,5 @@ def clean_temporaries(parent: str | Path) -> None:
             if not final.exists():  # killed between the two renames: the old folder is still the good one
                 os.rename(p, final)
                 continue
-        if p.is_dir() and (p.name.startswith(".tmp-") or p.name.startswith(".old-")):
+        if p.is_dir() and p.name.startswith((".tmp-", ".old-", ".del-")):
             shutil.rmtree(p, ignore_errors=True)
