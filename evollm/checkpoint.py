@@ -302,7 +302,8 @@ def load_population(path: str | Path, agent_cls, actor_network, **kwargs):
     agents = []
     for index in ids:
         member_dir = path / f"member_{index}"
-        if shared is not None and shared.has_adapter(SharedBase.member_adapter(index)):
+        name = SharedBase.member_adapter(index)
+        if shared is not None and shared.has_adapter(name) and name not in shared._released_kept:
             raise CheckpointError(f"member {index} of {path} is still alive on this model (adapter "
                                   f"m{index}); release the trained members first (agent.release()) or load "
                                   "onto a fresh model")

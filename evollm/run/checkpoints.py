@@ -159,6 +159,10 @@ class RunCheckpointer:
         self.log(f"evollm: resumed from {folder} (step {run['step']})")
         return folder
 
+    def close(self) -> None:
+        """Give the signal handlers back (called however the run ends)."""
+        self._restore_signals()
+
     # ------------------------------------------------------------------ signals
     def _install_signals(self) -> None:
         if not self.handle_signals or threading.current_thread() is not threading.main_thread():

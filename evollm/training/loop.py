@@ -7,6 +7,7 @@ Each step: every member collects experience and learns (``train_step``); every
 
 from __future__ import annotations
 
+import contextlib
 import math
 import warnings
 from pathlib import Path
@@ -133,6 +134,17 @@ def learn_all(agents: Sequence, experiences: Sequence) -> list[dict]:
     return [out[i] for i in range(len(agents))]
 
 
+@contextlib.contextmanager
+def closing_all(callbacks: Sequence):
+    """Call ``close()`` on every callback that has one when the run ends, by return or by exception."""
+    try:
+        yield
+    finally:
+        for cb in callbacks:
+            if hasattr(cb, "close"):
+                cb.close()
+
+
 def run_callbacks(callbacks: Sequence[Callback], checkpoint_dir, resume: bool, checkpoint_every: int | None,
                   keep_checkpoints: int | None, evaluation_interval: int, **components) -> list:
     """``callbacks`` plus a :class:`~evollm.run.RunCheckpointer` when ``checkpoint_dir`` is given."""
@@ -187,7 +199,8 @@ def finetune_llm_reasoning(pop: Sequence, env, max_steps: int, evaluation_interv
     callbacks = run_callbacks(callbacks, checkpoint_dir, resume, checkpoint_every, keep_checkpoints,
                               evaluation_interval, env=env, mutation=mutation, selection=tournament, seed=seed,
                               config=run_config)
-    return evolve(pop, train_step, lambda agents: evaluate_population(agents, env), max_steps=max_steps,
-                  evaluation_interval=evaluation_interval, evo_steps=evo_steps, tournament=tournament,
-                  mutation=mutation, population=population, save_elite=save_elite, elite_path=elite_path,
-                  verbose=verbose, seed=seed, callbacks=callbacks)
+    with closing_all(callbacks):
+        return evolve(pop, train_step, lambda agents: evaluate_population(agents, env), max_steps=max_steps,
+                      evaluation_interval=evaluation_interval, evo_steps=evo_steps, tournament=tournament,
+                      mutation=mutation, population=population, save_elite=save_elite, elite_path=elite_path,
+                      verbose=verbose, seed=seed, callbacks=callbacks)

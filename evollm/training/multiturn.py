@@ -27,7 +27,7 @@ from tqdm.auto import tqdm
 from ..algorithms.grpo import GRPO
 from ..population import Population
 from ..rollout import Episode, EnvPool, collect_episodes, stack_episodes
-from .loop import evolve, run_callbacks
+from .loop import closing_all, evolve, run_callbacks
 
 #: Evaluation seeds start here, far from the training seeds (``seed * 10**6 + step * episodes_per_step + i``).
 EVAL_SEED_OFFSET = 2**31
@@ -116,9 +116,11 @@ def finetune_llm_multiturn(pop: Sequence, max_turns: int, env_factory: Callable[
     callbacks = run_callbacks(callbacks, checkpoint_dir, resume, checkpoint_every, keep_checkpoints,
                               evaluation_interval, mutation=mutation, selection=tournament, seed=seed,
                               config=run_config)
-    return evolve(pop, train_step, evaluate, max_steps=max_steps, evaluation_interval=evaluation_interval,
-                  evo_steps=evo_steps, tournament=tournament, mutation=mutation, population=population,
-                  save_elite=save_elite, elite_path=elite_path, verbose=verbose, seed=seed, callbacks=callbacks)
+    with closing_all(callbacks):
+        return evolve(pop, train_step, evaluate, max_steps=max_steps, evaluation_interval=evaluation_interval,
+                      evo_steps=evo_steps, tournament=tournament, mutation=mutation, population=population,
+                      save_elite=save_elite, elite_path=elite_path, verbose=verbose, seed=seed,
+                      callbacks=callbacks)
 
 
 # --------------------------------------------------------------------------- from a run config
