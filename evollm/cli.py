@@ -123,7 +123,7 @@ def run(cfg, resume: bool, quiet: bool = False) -> dict:
     members = build_population(cfg, model, tokenizer, hp_config)
     evo_steps = cfg.train.evo_steps
     train_cfg = {"max_steps": cfg.train.max_steps, "evaluation_interval": cfg.train.evaluation_interval,
-                 "save_elite": cfg.train.save_elite, "elite_path": cfg.train.elite_path,
+                 "save_elite": cfg.train.save_elite, "elite_path": cfg.train.elite_path or str(out / "elites"),
                  "checkpoint_dir": str(out / "checkpoints"), "checkpoint_every": cfg.train.checkpoint_interval(),
                  "keep_checkpoints": cfg.train.keep_checkpoints, "resume": resume, "run_config": run_config}
     env_type = cfg.env.type
