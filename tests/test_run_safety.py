@@ -61,8 +61,8 @@ def _adapters(agents):
 def test_resume_in_process_is_exact_and_keeps_last_k(tmp_path):
     agents, record = _run(tmp_path / "a")
     with pytest.raises(KeyboardInterrupt):
-        _run(tmp_path / "b", callbacks=[StopAt(3)])  # stops before step 3 is saved: resumes from step 2
-    assert [s for s, _ in list_checkpoints(tmp_path / "b")] == [1, 2]
+        _run(tmp_path / "b", callbacks=[StopAt(3)])  # the checkpointer runs first: step 3 is saved
+    assert [s for s, _ in list_checkpoints(tmp_path / "b")] == [2, 3]
     again, record2 = _run(tmp_path / "b", resume=True)
     assert [a.index for a in agents] == [a.index for a in again]
     one, two = _adapters(agents), _adapters(again)

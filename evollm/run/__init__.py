@@ -1,4 +1,6 @@
-"""The run directory: crash-safe checkpoints of a whole run and exact resume."""
+"""The run directory: what a run leaves behind and how it is watched and continued: loop callbacks,
+crash-safe checkpoints and exact resume, live logging, run files and the ``evollm report`` rebuild.
+Sits between :mod:`evollm.population` and :mod:`evollm.training`."""
 
 from .checkpoints import RunCheckpointer, RunInterrupted, list_checkpoints, newest_valid
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import time
 import warnings
 from pathlib import Path
 from typing import Callable, Sequence
@@ -18,6 +19,7 @@ from tqdm.auto import tqdm
 
 from ..population import Population
 from ..rollout import evaluate_population, generate_population
+from ..run.measure import member_tokens, with_costs
 from .callbacks import Callback, LoopState, call
 from .quarantine import check_members, evaluate_healthy, is_quarantined, replace_quarantined
 
@@ -68,6 +70,7 @@ def evolve(pop: Sequence, train_step: Callable[[list, int], dict[int, dict]],
     for step in bar:
         torch.manual_seed(seed + step)
         metrics = train_step(agents, step)
+        record.record_step(step + 1, metrics)
         for agent in agents:
             m = metrics.get(agent.index, {})
             agent.scores.append(m.get("mean_reward", math.nan))
@@ -77,7 +80,9 @@ def evolve(pop: Sequence, train_step: Callable[[list, int], dict[int, dict]],
         state.step, state.agents = done, agents
         call(callbacks, "on_step_end", state, metrics)
         if done % evaluation_interval == 0 or done == max_steps:
+            started = time.perf_counter()
             fitness = evaluate_healthy(agents, evaluate)
+            record.record_evaluation_time(done, time.perf_counter() - started)
             train_rewards = {a.index: _mean(since_eval.get(a.index, [])) for a in agents}
             record.record_evaluation(done, agents, fitness, train_rewards,
                                      extra={a.index: {"quarantined": is_quarantined(a)} for a in agents})
@@ -155,8 +160,9 @@ def run_callbacks(callbacks: Sequence[Callback], checkpoint_dir, resume: bool, c
     from ..run import RunCheckpointer
 
     every = evaluation_interval if checkpoint_every is None else checkpoint_every
-    return [*callbacks, RunCheckpointer(checkpoint_dir, every, keep_checkpoints, resume=resume,
-                                        log=lambda msg: tqdm.write(msg), **components)]
+    # first: it restores a resumed run before other callbacks start, and saves before they act on a step
+    return [RunCheckpointer(checkpoint_dir, every, keep_checkpoints, resume=resume,
+                            log=lambda msg: tqdm.write(msg), **components), *callbacks]
 
 
 def finetune_llm_reasoning(pop: Sequence, env, max_steps: int, evaluation_interval: int = 10,
@@ -187,14 +193,19 @@ def finetune_llm_reasoning(pop: Sequence, env, max_steps: int, evaluation_interv
 
     def train_step(agents, step):
         prompts = env.reset()
+        started = time.perf_counter()
         rollouts = generate_population([a for a in agents if not getattr(a, "quarantined", False)], prompts)
+        generated = time.perf_counter()
         active = [a for a in agents if a.index in rollouts]
         experiences = []
         for agent in active:
             completions, masks = rollouts[agent.index].per_prompt()
             experiences.append((completions, masks, env.score(completions, prompts)))
         env.step_to_next_batch()
-        return dict(zip([a.index for a in active], learn_all(active, experiences)))
+        learnt = time.perf_counter()
+        metrics = dict(zip([a.index for a in active], learn_all(active, experiences)))
+        return with_costs(metrics, member_tokens(active, [e[1] for e in experiences]), generated - started,
+                          time.perf_counter() - learnt)
 
     callbacks = run_callbacks(callbacks, checkpoint_dir, resume, checkpoint_every, keep_checkpoints,
                               evaluation_interval, env=env, mutation=mutation, selection=tournament, seed=seed,
