@@ -177,3 +177,14 @@ def test_member_chunks_follow_the_memory_budget(tiny):
     for a in pop:
         a.config.logits_budget_mb = 1e-6
     assert member_chunks(pop, 16, 20) == [[i] for i in range(8)]
+
+
+def test_prefill_only_where_it_pays(tiny):
+    from evollm.rollout.sampling import PREFILL_MIN_TOKEN_PARAMS, prefill_pays
+
+    model, _ = tiny
+    n = sum(p.numel() for p in model.parameters())
+    saved = int(PREFILL_MIN_TOKEN_PARAMS // n) + 1  # (reps - 1) * rows * (prompt_len - 1) tokens saved
+    assert prefill_pays(model, rows=saved, prompt_len=2, reps=2)
+    assert not prefill_pays(model, rows=max(1, saved // 4), prompt_len=2, reps=2)
+    assert not prefill_pays(model, rows=10**6, prompt_len=30, reps=1)
