@@ -71,18 +71,33 @@ class Clock:
         return time.thread_time() - self.cpu, time.perf_counter() - self.wall
 
 
-def evollm_arms(tok, args):
+def model_factory(args):
+    """``(tokenizer, make_model)`` for ``--model``: the 1M-parameter Llama, or SmolLM2-135M-Instruct."""
+    if args.model == "smollm2":
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from smollm2_local import load_smollm2
+
+        tok = load_smollm2()[1]
+        return tok, lambda: load_smollm2()[0]
+    from evollm.models.tokenizer import build_tokenizer
+
+    tok = build_tokenizer()
+    tok.padding_side = "left"
+    return tok, lambda: build_model(tok)
+
+
+def evollm_arms(tok, make_model, args):
     from peft import LoraConfig
 
     from evollm.algorithms.grpo import GRPO
-    from evollm.training import generate_population
+    from evollm.rollout import generate_population
 
     kw = dict(pad_token_id=tok.pad_token_id, pad_token=tok.pad_token, eos_token_id=tok.eos_token_id,
-              group_size=4, batch_size=16, max_output_tokens=4, lr=1e-4, beta=0.001, clip_coef=0.2,
+              group_size=4, batch_size=16, max_output_tokens=args.new_tokens, lr=1e-4, beta=0.001, clip_coef=0.2,
               loss_type="grpo", max_grad_norm=1.0, temperature=1.0,
               lora_config=LoraConfig(task_type="CAUSAL_LM", **LORA))
-    single = GRPO.population(1, build_model(tok), **kw)[0]
-    pop = GRPO.population(args.members, build_model(tok), **kw)
+    single = GRPO.population(1, make_model(), **kw)[0]
+    pop = GRPO.population(args.members, make_model(), **kw) if args.members else []
 
     def score(completions, prompt_len):
         return torch.tensor([[digit_share(tok.decode(row[prompt_len:], skip_special_tokens=True)) for row in c]
@@ -118,6 +133,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--members", type=int, default=8)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--model", default="tiny", choices=["tiny", "smollm2"])
+    parser.add_argument("--new-tokens", type=int, default=4)
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "vs_trl.json"))
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -128,13 +145,10 @@ def main(argv=None) -> dict:
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from evollm.models.tokenizer import build_tokenizer
-
-    tok = build_tokenizer()
-    tok.padding_side = "left"
-    step_single, step_population = evollm_arms(tok, args)
+    tok, make_model = model_factory(args)
+    step_single, step_population = evollm_arms(tok, make_model, args)
     prompt_ids = {p: {"input_ids": tok(p, add_special_tokens=False)["input_ids"]} for p in PROMPTS}
-    rows = {"trl": [], "evollm": [], "population": []}
+    rows = {"trl": [], "evollm": [], "population": []} if args.members else {"trl": [], "evollm": []}
     gen_trl: list[tuple[float, float]] = []
     paths: set = set()
     threads: set = set()
@@ -151,6 +165,8 @@ def main(argv=None) -> dict:
             rows["trl"].append((self.clock.stop(), gen_trl[-1] if gen_trl else (0.0, 0.0)))
             batch = [prompt_ids[p] for p in trainer._last_prompts]
             order = [step_single, step_population] if state.global_step % 2 else [step_population, step_single]
+            if not args.members:
+                order = [step_single]
             for fn in order:
                 if fn is step_single:
                     fn(batch, rows["evollm"])
@@ -158,14 +174,14 @@ def main(argv=None) -> dict:
                     paths.add(fn(batch, rows["population"]))
 
     cfg = GRPOConfig(output_dir=tempfile.mkdtemp(), per_device_train_batch_size=16, num_generations=4,
-                     max_completion_length=4, learning_rate=1e-4, beta=0.001, epsilon=0.2, loss_type="grpo",
+                     max_completion_length=args.new_tokens, learning_rate=1e-4, beta=0.001, epsilon=0.2, loss_type="grpo",
                      scale_rewards="group", max_grad_norm=1.0, temperature=1.0, num_iterations=1,
                      max_steps=args.steps + args.warmup, logging_steps=10**6, save_strategy="no",
                      report_to="none", use_cpu=True, disable_tqdm=True, seed=0, dataloader_num_workers=0,
                      gradient_accumulation_steps=1, lr_scheduler_type="constant", warmup_steps=0,
                      weight_decay=0.0, bf16=False, fp16=False, gradient_checkpointing=False)
     ds = Dataset.from_dict({"prompt": PROMPTS})
-    trainer = GRPOTrainer(model=build_model(tok), reward_funcs=trl_reward, args=cfg, train_dataset=ds,
+    trainer = GRPOTrainer(model=make_model(), reward_funcs=trl_reward, args=cfg, train_dataset=ds,
                           processing_class=tok, peft_config=LoraConfig(task_type="CAUSAL_LM", **LORA),
                           callbacks=[Interleave()])
     original = trainer._generate_and_score_completions
@@ -190,14 +206,15 @@ def main(argv=None) -> dict:
 
     result = {
         "settings": vars(args) | {"trl": trl.__version__, "torch": torch.__version__,
-                                  "params": sum(p.numel() for p in build_model(tok).parameters())},
+                                  "params": sum(p.numel() for p in trainer.model.get_base_model().parameters()
+                                                if p.requires_grad is False)},
         "load_average": list(__import__("os").getloadavg()),
         "population_learn_path": sorted(p for p in paths if p),
         "torch_threads_seen": sorted(threads),
         "step": {k: summary(k) for k in rows},
         "generation": {k: summary(k, 1) for k in rows},
     }
-    for key in ("evollm", "population"):
+    for key in [k for k in rows if k != "trl"]:
         for clock, name in ((0, "cpu"), (1, "wall")):
             r = ratios(key, 0, clock)
             result[f"{key}_vs_trl_{name}"] = {"median": statistics.median(r), "pairs": r}
@@ -213,7 +230,8 @@ def main(argv=None) -> dict:
     print("|---|---|---|---|---|---|---|")
     print(f"| TRL GRPOTrainer, 1 agent | {result['step']['trl']['cpu_s']:.4f} | "
           f"{result['step']['trl']['wall_s']:.4f} | 1 | 1 | 1 | 1 |")
-    for key, label in (("evollm", "evollm GRPO, 1 agent"), ("population", f"evollm, {args.members} members")):
+    for key, label in [(k, v) for k, v in (("evollm", "evollm GRPO, 1 agent"),
+                                            ("population", f"evollm, {args.members} members")) if k in rows]:
         print(f"| {label} | {result['step'][key]['cpu_s']:.4f} | {result['step'][key]['wall_s']:.4f} | "
               f"**{result[f'{key}_vs_trl_cpu']['median']:.2f}** | {result[f'{key}_vs_trl_wall']['median']:.2f} | "
               f"{result[f'{key}_vs_trl_generation_cpu']:.2f} | {result[f'{key}_vs_trl_rest_cpu']:.2f} |")
