@@ -58,6 +58,7 @@ class SharedBase:
             self.peft_model = get_peft_model(model, copy.deepcopy(lora_config), adapter_name=first_adapter)
         for p in self.base_parameters():
             p.requires_grad_(False)
+        self.peft_model.eval()  # sampling and loss forwards run in eval mode: contexts then switch nothing
 
     # ------------------------------------------------------------------ registry
     @staticmethod
@@ -239,14 +240,14 @@ class SharedBase:
         fastlora.install(layers, self._fast)
         disabled = [m._disable_adapters for m in layers]
         for m in layers:
-            m._disable_adapters = True
+            m.__dict__["_disable_adapters"] = True  # a plain attribute: skip Module.__setattr__'s checks
         previous, self._fast.mode = self._fast.mode, fastlora.BASE
         try:
             yield model
         finally:
             self._fast.mode = previous
             for m, flag in zip(layers, disabled):
-                m._disable_adapters = flag
+                m.__dict__["_disable_adapters"] = flag
             self._set_mode(model, was_training)
 
     def lora_layers(self) -> list[tuple[str, LoraLayer]]:

@@ -52,15 +52,14 @@ def member_logprobs(shared, names: Sequence[str], seqs: torch.Tensor, attn: torc
                     logits_budget_mb: float = 256.0) -> torch.Tensor:
     """Log-probs of concatenated row blocks, block ``i`` (``rows_each`` rows) under adapter ``names[i]``
     of ``shared`` (or, with ``reference``, all of them under the base alone). Several members run as
-    ONE routed forward; ``chunk_rows`` applies to a single member or the reference."""
+    ONE routed forward; ``chunk_rows`` applies to a single member or the reference. Every forward runs
+    in eval mode (dropout off, as when sampling), so no train/eval walk of the model is needed."""
     if reference:
         ctx = shared.reference()
     elif len(names) == 1:
-        ctx = shared.use(names[0], train=grad)
+        ctx = shared.use(names[0])
     else:
         ctx = routed(shared, list(names), [rows_each] * len(names), differentiable=grad)
     chunk = chunk_rows if len(names) == 1 or reference else seqs.shape[0]
     with torch.set_grad_enabled(grad), ctx as model:
-        if grad and not model.training:  # each train() walks every module: switch only on change
-            model.train()
         return forward_logprobs(model, seqs, attn, temperature, chunk, logits_budget_mb=logits_budget_mb)
