@@ -22,6 +22,8 @@ from peft import LoraConfig, PeftModel, get_peft_model
 from peft.tuners.lora import LoraLayer
 from peft.utils import get_peft_model_state_dict, set_peft_model_state_dict
 
+from . import fastlora
+
 DEFAULT_TARGET_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 _REGISTRY: "weakref.WeakKeyDictionary[torch.nn.Module, SharedBase]" = weakref.WeakKeyDictionary()
@@ -46,6 +48,8 @@ class SharedBase:
         self._released_kept: set[str] = set()  # released adapters PEFT would not delete (the last one)
         self._param_cache: dict[str, list] = {}
         self._layers: list | None = None
+        self._fast = fastlora.FastState()
+        self._fast_support: dict[str, str] = {}
         if isinstance(model, PeftModel):
             self.peft_model = model
             self._inherited = model.active_adapter
@@ -55,6 +59,7 @@ class SharedBase:
             self.peft_model = get_peft_model(model, copy.deepcopy(lora_config), adapter_name=first_adapter)
         for p in self.base_parameters():
             p.requires_grad_(False)
+        self.peft_model.eval()  # sampling and loss forwards run in eval mode: contexts then switch nothing
 
     # ------------------------------------------------------------------ registry
     @staticmethod
@@ -160,6 +165,7 @@ class SharedBase:
         """Forget cached parameter lists (after adding, deleting or resizing an adapter)."""
         self._param_cache.clear()
         self._layers = None
+        self._fast_support.clear()
 
     def parameters(self, name: str) -> list[torch.nn.Parameter]:
         """The trainable tensors of one adapter, in a fixed (name-sorted) order."""
@@ -202,30 +208,68 @@ class SharedBase:
             raise ValueError(f"adapter state for {name!r} has keys this model does not have: {missing[:3]}")
 
     # ------------------------------------------------------------------ contexts
+    @staticmethod
+    def _set_mode(model, train: bool) -> None:
+        """``model.train(train)`` only when the mode changes (each call walks every module)."""
+        if model.training != train:
+            model.train(train)
+
+    def fast_path(self, name: str) -> bool:
+        """Whether member adapter ``name`` runs on the fast LoRA forward (see :mod:`.fastlora`) now."""
+        layers = [m for _, m in self.lora_layers()]
+        if name not in self._fast_support:
+            fastlora.install(layers, self._fast)
+            self._fast_support[name] = fastlora.support(layers, name)
+        verdict = self._fast_support[name]
+        return verdict == "yes" or (verdict == "eval" and not self.peft_model.training)
+
     @contextlib.contextmanager
     def use(self, name: str, train: bool = False):
-        """Run the shared model as member ``name`` (only its adapter active)."""
+        """Run the shared model as member ``name`` (only its adapter active).
+
+        The model's train/eval mode is switched (and restored) only when it differs from ``train``.
+        Plain LoRA adapters run on :mod:`.fastlora`'s forward: switching members is one assignment
+        instead of PEFT's ``set_adapter`` walk; other adapters use PEFT's own forward.
+        """
         model = self.peft_model
         was_training = model.training
-        if model.active_adapter != name:
-            model.set_adapter(name)
-        model.train(train)
+        self._set_mode(model, train)
+        previous = self._fast.mode
+        if self.fast_path(name):
+            for p in self.parameters(name):
+                if not p.requires_grad:
+                    p.requires_grad_(True)
+            self._fast.mode = name
+        else:
+            self._fast.mode = None
+            if model.active_adapter != name:
+                model.set_adapter(name)
         try:
             yield model
         finally:
-            model.train(was_training)
+            self._fast.mode = previous
+            self._set_mode(model, was_training)
 
     @contextlib.contextmanager
     def reference(self):
-        """Run the base model alone: every adapter disabled."""
+        """Run the base model alone: every adapter disabled (LoRA layers flagged off directly, the
+        fast forward set to the base; no walk of the model as with PEFT's ``disable_adapter()``)."""
         model = self.peft_model
         was_training = model.training
-        model.eval()
+        self._set_mode(model, False)
+        layers = [m for _, m in self.lora_layers()]
+        fastlora.install(layers, self._fast)
+        disabled = [m._disable_adapters for m in layers]
+        for m in layers:
+            m.__dict__["_disable_adapters"] = True  # a plain attribute: skip Module.__setattr__'s checks
+        previous, self._fast.mode = self._fast.mode, fastlora.BASE
         try:
-            with model.disable_adapter():
-                yield model
+            yield model
         finally:
-            model.train(was_training)
+            self._fast.mode = previous
+            for m, flag in zip(layers, disabled):
+                m.__dict__["_disable_adapters"] = flag
+            self._set_mode(model, was_training)
 
     def lora_layers(self) -> list[tuple[str, LoraLayer]]:
         if self._layers is None:
