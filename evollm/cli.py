@@ -28,12 +28,12 @@ def algorithm_class(name: str):
 
 def build_population(cfg, model, tokenizer, hp_config):
     """The members of the population on ONE shared base."""
-    from .adapters.shared import default_lora_config
+    from .models.loading import lora_config
 
     alg = dict(cfg.algorithm)
     cls = algorithm_class(alg.get("name", "GRPO"))
     size = int(alg.get("population_size", 1))
-    lora = default_lora_config(**(alg.get("lora") or {}))
+    lora = lora_config(model, **{**(cfg.model.get("lora") or {}), **(alg.get("lora") or {})})
     hps = dict(alg.get("hyperparameters") or {})
     hps.setdefault("seed", cfg.seed)
     init = None
@@ -57,8 +57,9 @@ def train(config_path: str, overrides: list[str] | None = None, quiet: bool = Fa
 
     cfg = RunConfig.from_yaml(config_path, overrides)
     algorithm_class(cfg.algorithm.get("name", "GRPO"))  # a bad name fails before any model is built
-    if cfg.threads:
-        torch.set_num_threads(int(cfg.threads))
+    from .models.loading import set_threads
+
+    set_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -5,15 +5,21 @@ Sections (all optional except ``algorithm``)::
 
     seed: 0
     output_dir: runs/demo
-    model:     {source: tiny, warm_start: true, cache_dir: null}    # or {name_or_path: ..., dtype: bfloat16}
+    model:     {source: tiny, warm_start: true, cache_dir: null}    # or {name_or_path: ..., dtype: bfloat16},
+               # {source: smollm2}, {name_or_path: DIR, gguf_file: F.gguf}; + attn_implementation,
+               # gradient_checkpointing, trust_remote_code, revision, tokenizer,
+               # lora: {r, alpha, dropout, target_modules}   (evollm.models.loading.MODEL_KEYS)
     task:      {name: arithmetic, n_train: 2000, n_test: 200, ops: ["+"], digits: [1, 2],
-                reward: exact_match}                                   # or exact_match+format
+                reward: exact_match}                                   # or exact_match+format, last_number,
+               # a dotted path mypkg.rewards:score; or {dataset: train.jsonl, test_dataset: ..., columns:
+               # {question: q, answer: a}}; + system_prompt, user_template, prefill, template,
+               # chat_template_kwargs, max_prompt_tokens, long_prompts   (evollm.tasks.user.TASK_KEYS)
     env:       {type: reasoning, data_batch_size_per_gpu: 8, max_context_length: null}
     algorithm: {name: GRPO, population_size: 4, lora: {r: 8, lora_alpha: 16},
                 hyperparameters: {lr: 1.0e-4, group_size: 8, ...}, init_sampler: null}
     hpo:       {hp_config: {lr: {min: 1.0e-5, max: 1.0e-3, log: true}},
                 mutation: {no_mutation: 0.4, rl_hp: 0.6}, selection: {type: tournament, tournament_size: 2}}
-    train:     {max_steps: 60, evaluation_interval: 10, evo_steps: 20}
+    train:     {max_steps: 60, evaluation_interval: 10, evo_steps: 20, max_time: null}  # max_time: seconds
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ class RunConfig:
     algorithm: dict
     seed: int = 0
     output_dir: str = "runs/evollm"
-    threads: int | None = None  # torch CPU threads; None keeps torch's default
+    threads: int | str | None = "auto"  # torch CPU threads; "auto": half the cores (1 on a 2-core machine)
     model: dict = field(default_factory=lambda: {"source": "tiny", "warm_start": True})
     task: dict = field(default_factory=lambda: {"name": "arithmetic"})
     env: dict = field(default_factory=lambda: {"type": "reasoning"})
@@ -69,53 +75,18 @@ def _apply_override(data: dict, item: str) -> None:
 
 
 def build_model(cfg: dict, seed: int, task_name: str | None = None):
-    """``(model, tokenizer)`` from the model section."""
-    cfg = dict(cfg)
-    source = cfg.get("source", "tiny" if "name_or_path" not in cfg else "hub")
-    if source == "tiny":
-        from .models.warm_start import load_tiny_model
-        return load_tiny_model(warm_start=cfg.get("warm_start", True), cache_dir=cfg.get("cache_dir"), seed=seed)
-    if source == "tiny_multiturn":
-        from .models.multiturn_warm_start import load_tiny_multiturn_model
-        if not task_name:
-            raise ValueError("model.source=tiny_multiturn needs task.name (e.g. guess_number or chain_calc)")
-        return load_tiny_multiturn_model(task_name, warm_start=cfg.get("warm_start", True),
-                                         cache_dir=cfg.get("cache_dir"), seed=seed)
-    if "name_or_path" not in cfg:
-        raise ValueError(f"model.source={source!r} is not valid; choose one of ['tiny', 'tiny_multiturn'] "
-                         "or give model.name_or_path")
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    """``(model, tokenizer)`` from the model section (see :func:`evollm.models.loading.load_from_config`)."""
+    from .models.loading import load_from_config
 
-    name = cfg["name_or_path"]
-    dtype = getattr(torch, cfg.get("dtype", "float32"))
-    tokenizer = AutoTokenizer.from_pretrained(name)
-    tokenizer.padding_side = "left"
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype)
-    return model, tokenizer
+    return load_from_config({k: v for k, v in cfg.items() if k != "lora"}, seed, task_name)
 
 
 def build_task(cfg: dict, seed: int):
-    """``(train, test, reward_fn, template)`` from the task section."""
-    from . import tasks
+    """``(train, test, reward_fn, template, env_kwargs)`` from the task section (see
+    :func:`evollm.tasks.user.task_from_config`)."""
+    from .tasks.user import task_from_config
 
-    cfg = dict(cfg)
-    name = cfg.pop("name", "arithmetic")
-    reward = cfg.pop("reward", "exact_match")
-    if name != "arithmetic":
-        raise ValueError(f"task.name={name!r} is not a single-turn task; valid: ['arithmetic']")
-    if "ops" in cfg:
-        cfg["ops"] = tuple(cfg["ops"])
-    if "digits" in cfg:
-        cfg["digits"] = tuple(cfg["digits"])
-    train, test = tasks.arithmetic_dataset(seed=cfg.pop("seed", seed), **cfg)
-    rewards = {"exact_match": tasks.exact_match_reward,
-               "exact_match+format": tasks.combine_rewards(tasks.exact_match_reward, tasks.format_reward)}
-    if reward not in rewards:
-        raise ValueError(f"task.reward={reward!r} is not valid; choose one of {sorted(rewards)}")
-    return train, test, rewards[reward], tasks.ARITHMETIC_TEMPLATE
+    return task_from_config(cfg, seed)
 
 
 def build_hpo(cfg: dict, population_size: int, seed: int) -> tuple[Any, Any, Any]:

@@ -11,8 +11,8 @@ def run_reasoning(cfg, members, tokenizer, train_cfg: dict, evo_steps, selection
     from .envs.reasoning import ReasoningGym
     from .training.loop import finetune_llm_reasoning
 
-    train_ds, test_ds, reward_fn, template = build_task(cfg.task, cfg.seed)
-    env_cfg = {k: v for k, v in cfg.env.items() if k != "type"}
+    train_ds, test_ds, reward_fn, template, task_env = build_task(cfg.task, cfg.seed)
+    env_cfg = {**task_env, **{k: v for k, v in cfg.env.items() if k != "type"}}
     env = ReasoningGym(train_ds, test_ds, tokenizer, reward_fn, template, seed=cfg.seed, **env_cfg)
     initial = evaluate_population(members[:1], env, record=False)[0]
     print(f"warm start: held-out accuracy {initial:.3f} on {len(env.test_prompts())} fixed test questions")

@@ -8,6 +8,7 @@ Each step: every member collects experience and learns (``train_step``); every
 from __future__ import annotations
 
 import math
+import time
 import warnings
 from pathlib import Path
 from typing import Callable, Sequence
@@ -18,6 +19,7 @@ from tqdm.auto import tqdm
 from ..population import Population
 from .batched import evaluate_population, generate_population
 from .callbacks import Callback, LoopState, call
+from .compat import agilerl_extras, pick_selection, resolve_max_steps
 
 
 def validate_settings(pop: Sequence, max_steps: int, evaluation_interval: int, evo_steps: int | None,
@@ -49,12 +51,17 @@ def evolve(pop: Sequence, train_step: Callable[[list, int], dict[int, dict]],
            evo_steps: int | None = None, tournament=None, mutation=None, population: Population | None = None,
            save_elite: bool = False, elite_path: str | Path | None = None, verbose: bool = True,
            seed: int = 0, log: Callable[[str], None] | None = None,
-           callbacks: Sequence[Callback] = ()) -> tuple[list, Population]:
+           callbacks: Sequence[Callback] = (), max_time: float | None = None,
+           max_reward: float | None = None) -> tuple[list, Population]:
     """The loop itself; :func:`finetune_llm_reasoning` and ``finetune_llm_multiturn`` supply the
     ``train_step`` (returns per-member metrics) and ``evaluate`` (returns fitness per member).
     ``callbacks`` (:class:`~evollm.training.callbacks.Callback`) are called at every step,
-    evaluation, selection and at the end."""
+    evaluation, selection and at the end. The run stops early, after a final evaluation, once
+    ``max_time`` seconds have passed, or after an evaluation whose best fitness reaches ``max_reward``."""
     validate_settings(pop, max_steps, evaluation_interval, evo_steps, tournament, mutation)
+    if max_time is not None and max_time <= 0:
+        raise ValueError(f"max_time must be > 0 seconds, got {max_time}")
+    started = time.perf_counter()
     agents = list(pop)
     record = population if population is not None else Population(agents)
     log = log or (lambda msg: tqdm.write(msg))
@@ -74,7 +81,10 @@ def evolve(pop: Sequence, train_step: Callable[[list, int], dict[int, dict]],
         done = step + 1
         state.step, state.agents = done, agents
         call(callbacks, "on_step_end", state, metrics)
-        if done % evaluation_interval == 0 or done == max_steps:
+        stop = None
+        if max_time is not None and time.perf_counter() - started >= max_time:
+            stop = f"max_time={max_time:g}s reached after {done} steps"
+        if done % evaluation_interval == 0 or done == max_steps or stop:
             fitness = evaluate(agents)
             for i, agent in enumerate(agents):
                 if getattr(agent, "quarantined", False):
@@ -88,6 +98,11 @@ def evolve(pop: Sequence, train_step: Callable[[list, int], dict[int, dict]],
             if verbose:
                 log(f"step {done:>5}  train reward {_mean(train_rewards.values()):.3f}  fitness "
                     + " ".join(f"{f:.3f}" for f in fitness))
+            if max_reward is not None and best >= max_reward:
+                stop = stop or f"best fitness {best:.3f} reached max_reward={max_reward:g} after {done} steps"
+        if stop:
+            log(f"stopping: {stop}")
+            break
         if evo_steps is not None and done % evo_steps == 0 and done < max_steps:
             agents, result = _evolve_once(agents, tournament, mutation, record, done)
             state.agents = agents
@@ -138,23 +153,43 @@ def learn_all(agents: Sequence, experiences: Sequence) -> list[dict]:
     return [out[i] for i in range(len(agents))]
 
 
-def finetune_llm_reasoning(pop: Sequence, env, max_steps: int, evaluation_interval: int = 10,
+def finetune_llm_reasoning(pop: Sequence, env, max_steps: int | None = None, evaluation_interval: int = 10,
                            evo_steps: int | None = None, tournament=None, mutation=None,
                            save_elite: bool = False, elite_path: str | Path | None = None,
                            verbose: bool = True, seed: int = 0, population: Population | None = None,
-                           callbacks: Sequence[Callback] = ()) -> tuple[list, Population]:
+                           callbacks: Sequence[Callback] = (), max_time: float | None = None,
+                           max_reward: float | None = None, num_epochs: float | None = None,
+                           max_steps_unit: str | None = None, selection_strategy=None,
+                           **agilerl_kwargs) -> tuple[list, Population]:
     """Train a population of single-turn agents (GRPO family) on a :class:`ReasoningGym`.
 
     Every step, all members answer the same prompts (one batched generate over the shared base),
     each member learns from its own completions, then the env moves to the next batch. Returns
     ``(agents, population)``: the final members and their :class:`Population` record.
+
+    Budget: ``max_steps`` iterations (``max_steps_unit="prompts"``: AgileRL's meaning, prompts
+    summed over the population), or ``num_epochs`` passes over the training set; ``max_time``
+    seconds of wall clock; ``max_reward`` stops once the best fitness reaches it.
+    ``selection_strategy`` is AgileRL's name for ``tournament``; see :mod:`evollm.training.compat`
+    for the other AgileRL keywords accepted.
     """
+    agilerl_style = agilerl_extras(agilerl_kwargs) or selection_strategy is not None or num_epochs is not None \
+        or max_reward is not None
+    tournament = pick_selection(tournament, selection_strategy)
+    max_steps = resolve_max_steps(max_steps, num_epochs, max_steps_unit, env.batch_size, len(pop), len(env),
+                                  agilerl_style)
     for agent in pop:
         rows = env.batch_size * agent.config.group_size
         if rows > agent.config.batch_size and rows % agent.config.batch_size:
             raise ValueError(f"member {agent.index}: data_batch_size_per_gpu ({env.batch_size}) x group_size "
                              f"({agent.config.group_size}) = {rows} rows do not divide into "
                              f"batch_size={agent.config.batch_size}")
+        limit = getattr(agent.config, "max_model_len", None)
+        longest = env.longest_prompt() if hasattr(env, "longest_prompt") else None
+        if limit is not None and longest is not None and longest + agent.config.max_output_tokens > limit:
+            raise ValueError(f"member {agent.index}: the longest prompt ({longest} tokens) + max_output_tokens "
+                             f"({agent.config.max_output_tokens}) exceeds max_model_len={limit}; raise "
+                             "max_model_len or drop long prompts with the env's max_context_length")
 
     def train_step(agents, step):
         prompts = env.reset()
@@ -170,4 +205,4 @@ def finetune_llm_reasoning(pop: Sequence, env, max_steps: int, evaluation_interv
     return evolve(pop, train_step, lambda agents: evaluate_population(agents, env), max_steps=max_steps,
                   evaluation_interval=evaluation_interval, evo_steps=evo_steps, tournament=tournament,
                   mutation=mutation, population=population, save_elite=save_elite, elite_path=elite_path,
-                  verbose=verbose, seed=seed, callbacks=callbacks)
+                  verbose=verbose, seed=seed, callbacks=callbacks, max_time=max_time, max_reward=max_reward)
