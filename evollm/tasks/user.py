@@ -123,65 +123,54 @@ def user_task(dataset: str | os.PathLike, test_dataset: str | os.PathLike | None
 
 
 # ---------------------------------------------------------------------- the config's task section
-#: keys of the config's ``task:`` section
-TASK_KEYS = ("name", "reward", "seed", "n_train", "n_test", "ops", "digits",  # built-in arithmetic
-             "dataset", "test_dataset", "columns", "test_size",  # a user's dataset
-             "system_prompt", "user_template", "prefill", "template",  # the prompt
-             "chat_template_kwargs", "max_prompt_tokens", "long_prompts")
+def check_reward_name(spec: str) -> None:
+    """Fail early (before any model is loaded) on a reward that is neither built in nor a dotted path."""
+    if spec not in BUILTIN_REWARDS and (not isinstance(spec, str) or (":" not in spec and "." not in spec)):
+        raise ValueError(f"task.reward={spec!r} is not valid; choose one of {sorted(BUILTIN_REWARDS)} "
+                         "or give a dotted path like 'mypkg.rewards:score'")
 
 
-def task_from_config(cfg: dict, seed: int = 0):
-    """``(train, test, reward_fn, template, env_kwargs)`` from a config's ``task:`` section.
+def task_parts(name: str = "arithmetic", *, seed: int = 0, reward: str | Callable = "exact_match",
+               n_train: int | None = None, n_test: int | None = None, ops=("+",), digits=(1, 2),
+               dataset=None, test_dataset=None, test_size: float = 0.1, columns: dict | None = None,
+               system_prompt: str | None = None, user_template: str | None = None, prefill: str | None = None,
+               template: list[dict] | None = None):
+    """``(train, test, reward_fn, template)`` of a single-turn task.
 
-    ``name: arithmetic`` (default) generates the built-in task; ``dataset:`` reads a file or a
-    saved dataset instead. The prompt is ``template`` (a list of messages) or is built from
-    ``system_prompt``, ``user_template`` (default ``"{question}"``) and ``prefill``.
-    ``env_kwargs`` carries ``chat_template_kwargs``, ``max_prompt_tokens`` and ``long_prompts``
-    to :class:`~evollm.envs.reasoning.ReasoningGym`.
+    ``name="arithmetic"`` generates the built-in task; ``name="dataset"`` reads ``dataset`` (see
+    :func:`user_task`; ``columns`` maps ``question``/``answer`` to the dataset's column names). The
+    prompt is ``template`` (a list of messages) or is built from ``system_prompt``,
+    ``user_template`` (default ``"{question}"``) and ``prefill``.
     """
     from ..envs.reasoning import conversation_template
 
-    cfg = dict(cfg)
-    unknown = sorted(set(cfg) - set(TASK_KEYS))
-    if unknown:
-        raise ValueError(f"task: unknown key(s) {unknown}; valid keys: {list(TASK_KEYS)}")
-    seed = cfg.get("seed", seed)
-    name = cfg.get("name", "dataset" if "dataset" in cfg else "arithmetic")
     if name == "arithmetic":
-        if "dataset" in cfg:
-            raise ValueError("task: give either name: arithmetic or dataset:, not both")
         from .arithmetic import ARITHMETIC_TEMPLATE, arithmetic_dataset
-        kw = {k: tuple(cfg[k]) if k in ("ops", "digits") else cfg[k]
-              for k in ("n_train", "n_test", "ops", "digits") if k in cfg}
-        train, test = arithmetic_dataset(seed=seed, **kw)
+        train, test = arithmetic_dataset(n_train=2000 if n_train is None else n_train,
+                                         n_test=200 if n_test is None else n_test, ops=tuple(ops),
+                                         digits=tuple(digits), seed=seed)
         default_template = ARITHMETIC_TEMPLATE
     elif name == "dataset":
-        if "dataset" not in cfg:
-            raise ValueError("task.name=dataset needs task.dataset (a .jsonl/.csv/.json/.parquet file or a "
-                             "save_to_disk folder)")
-        columns = dict(cfg.get("columns") or {})
+        columns = dict(columns or {})
         bad = sorted(set(columns) - {"question", "answer"})
         if bad:
             raise ValueError(f"task.columns: unknown key(s) {bad}; valid keys: ['question', 'answer']")
-        train, test = user_task(cfg["dataset"], cfg.get("test_dataset"), columns.get("question", "question"),
-                                columns.get("answer", "answer"), cfg.get("test_size", 0.1), cfg.get("n_train"),
-                                cfg.get("n_test"), seed)
+        size = int(test_size) if test_size >= 1 else float(test_size)
+        train, test = user_task(dataset, test_dataset, columns.get("question", "question"),
+                                columns.get("answer", "answer"), size, n_train, n_test, seed)
         default_template = [{"role": "user", "content": "{question}"}]
     else:
         raise ValueError(f"task.name={name!r} is not a single-turn task; valid: ['arithmetic', 'dataset']")
-    if "template" in cfg:
-        if any(k in cfg for k in ("system_prompt", "user_template", "prefill")):
+    pieces = system_prompt is not None or user_template is not None or prefill is not None
+    if template is not None:
+        if pieces:
             raise ValueError("task: give either template or system_prompt/user_template/prefill, not both")
-        template = _check_template(cfg["template"])
-    elif any(k in cfg for k in ("system_prompt", "user_template", "prefill")):
-        template = conversation_template(cfg.get("user_template", "{question}"), cfg.get("system_prompt"),
-                                         cfg.get("prefill"))
+        template = _check_template(template)
+    elif pieces:
+        template = conversation_template(user_template or "{question}", system_prompt, prefill)
     else:
         template = default_template
-    env_kwargs = {k: cfg[k] for k in ("chat_template_kwargs", "long_prompts") if k in cfg}
-    if "max_prompt_tokens" in cfg:
-        env_kwargs["max_context_length"] = cfg["max_prompt_tokens"]
-    return train, test, resolve_reward(cfg.get("reward", "exact_match")), template, env_kwargs
+    return train, test, resolve_reward(reward), template
 
 
 def _check_template(template) -> list[dict]:

@@ -25,8 +25,8 @@ import torch
 from tqdm.auto import tqdm
 
 from ..algorithms.grpo import GRPO
-from ..algorithms.multiturn_rollout import Episode, EnvPool, collect_episodes, stack_episodes
 from ..population import Population
+from ..rollout import Episode, EnvPool, collect_episodes, stack_episodes
 from .loop import evolve
 
 #: Evaluation seeds start here, far from the training seeds (``seed * 10**6 + step * episodes_per_step + i``).
@@ -67,8 +67,8 @@ def finetune_llm_multiturn(pop: Sequence, max_turns: int, env_factory: Callable[
                            save_elite: bool = False, elite_path: str | Path | None = None, verbose: bool = True,
                            seed: int = 0, population: Population | None = None,
                            on_evaluation: Callable[[int, list, dict], None] | None = None,
-                           callbacks: Sequence = ()) -> tuple[list, Population]:
-    """Train a population on a multi-turn environment.
+                           callbacks: Sequence = (), max_time: float | None = None) -> tuple[list, Population]:
+    """Train a population on a multi-turn environment (``max_time``: wall-clock budget in seconds).
 
     Args:
         pop: the members (LLMPPO, LLMREINFORCE or GRPO family), all on one shared base.
@@ -109,7 +109,8 @@ def finetune_llm_multiturn(pop: Sequence, max_turns: int, env_factory: Callable[
 
     return evolve(pop, train_step, evaluate, max_steps=max_steps, evaluation_interval=evaluation_interval,
                   evo_steps=evo_steps, tournament=tournament, mutation=mutation, population=population,
-                  save_elite=save_elite, elite_path=elite_path, verbose=verbose, seed=seed, callbacks=callbacks)
+                  save_elite=save_elite, elite_path=elite_path, verbose=verbose, seed=seed, callbacks=callbacks,
+                  max_time=max_time)
 
 
 # --------------------------------------------------------------------------- from a run config
@@ -137,7 +138,9 @@ def run_multiturn_from_config(cfg, members, tokenizer, train_cfg: dict, evo_step
     """What ``evollm train`` runs for ``env.type: multiturn``: measure the warm start on the fixed evaluation
     episodes, train, and return ``{agents, population, initial_fitness, final_fitness, initial_success,
     final_success}`` (fitness = mean return; success = fraction of episodes won, best member)."""
-    factory, max_turns = env_factory_from_config(cfg.task, cfg.env, tokenizer)
+    task = {"name": cfg.task.name, **cfg.task.game}
+    env = {k: v for k, v in cfg.env.to_dict().items() if v is not None}
+    factory, max_turns = env_factory_from_config(task, env, tokenizer)
     train_cfg = dict(train_cfg)
     eval_n = int(train_cfg.pop("eval_episodes", 64))
     seed = int(cfg.seed)
