@@ -191,6 +191,8 @@ def _fits_one_forward(agents, tokens: int) -> bool:
     c = agents[0].config
     if len(agents) == 1:
         return True
+    if agents[0].shared.model.get_base_model().is_gradient_checkpointing:
+        return False  # the routing hooks are gone when backward recomputes the forward
     vocab = agents[0].shared.model.get_output_embeddings().weight.shape[0]
     return c.logprob_chunk_rows is None and 4 * tokens * vocab <= c.logits_budget_mb * 2**20
 
