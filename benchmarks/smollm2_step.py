@@ -49,7 +49,8 @@ def main() -> None:
     from evollm.rollout import generate_population
     from evollm.training.loop import learn_all
 
-    cfg = RunConfig.from_yaml(CONFIG, [f"algorithm.population_size={args.members}"])
+    cfg = RunConfig.from_yaml(CONFIG, [f"algorithm.population_size={args.members}", "train.evo_steps=null",
+                                       "hpo={}"])  # no selection here: one step is timed
     torch.manual_seed(cfg.seed)
     (model, tok), load_wall, load_cpu = _timed(lambda: build_model(cfg.model, cfg.seed))
     hp_config, _, _ = build_hpo(cfg)
