@@ -7,8 +7,8 @@ batched generate and of the (fused) learn, and at the end the peak RSS
 (``getrusage(RUSAGE_SELF).ru_maxrss``) and the load average (the machine is shared: compare CPU
 times, and wall times only between runs taken at the same load).
 
-Usage: ``python benchmarks/smollm2_step.py --members 4 [--steps 3] [--threads 1]``
-Writes ``benchmarks/results/smollm2_step_<N>.json``.
+Usage: ``python benchmarks/smollm2_demo_members.py --members 4 [--steps 3] [--threads 1]``
+Writes ``benchmarks/results/smollm2_demo_members_<N>.json``.
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ def main() -> None:
         torch=torch.__version__, python=platform.python_version(), cpus=os.cpu_count(),
         when=datetime.now(timezone.utc).isoformat(timespec="seconds"))
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / f"smollm2_step_{args.members}.json").write_text(json.dumps(result, indent=1))
+    (RESULTS / f"smollm2_demo_members_{args.members}.json").write_text(json.dumps(result, indent=1))
     print(json.dumps({k: result[k] for k in ("members", "median", "peak_rss_mb", "loadavg")}))
 
 
