@@ -18,6 +18,7 @@ from tqdm.auto import tqdm
 
 from ..population import Population
 from ..rollout import evaluate_population, generate_population
+from ..run.measure import member_tokens, with_costs
 from .callbacks import Callback, LoopState, call
 from .compat import agilerl_extras, pick_selection, resolve_max_steps
 
@@ -61,7 +62,7 @@ def evolve(pop: Sequence, train_step: Callable[[list, int], dict[int, dict]],
     validate_settings(pop, max_steps, evaluation_interval, evo_steps, tournament, mutation)
     if max_time is not None and max_time <= 0:
         raise ValueError(f"max_time must be > 0 seconds, got {max_time}")
-    started = time.perf_counter()
+    run_started = time.perf_counter()
     agents = list(pop)
     record = population if population is not None else Population(agents)
     log = log or (lambda msg: tqdm.write(msg))
@@ -72,6 +73,7 @@ def evolve(pop: Sequence, train_step: Callable[[list, int], dict[int, dict]],
     for step in bar:
         torch.manual_seed(seed + step)
         metrics = train_step(agents, step)
+        record.record_step(step + 1, metrics)
         for agent in agents:
             m = metrics.get(agent.index, {})
             agent.scores.append(m.get("mean_reward", math.nan))
@@ -82,10 +84,12 @@ def evolve(pop: Sequence, train_step: Callable[[list, int], dict[int, dict]],
         state.step, state.agents = done, agents
         call(callbacks, "on_step_end", state, metrics)
         stop = None
-        if max_time is not None and time.perf_counter() - started >= max_time:
+        if max_time is not None and time.perf_counter() - run_started >= max_time:
             stop = f"max_time={max_time:g}s reached after {done} steps"
         if done % evaluation_interval == 0 or done == max_steps or stop:
+            started = time.perf_counter()
             fitness = evaluate(agents)
+            record.record_evaluation_time(done, time.perf_counter() - started)
             for i, agent in enumerate(agents):
                 if getattr(agent, "quarantined", False):
                     fitness[i] = agent.fitness[-1] = -math.inf
@@ -193,14 +197,19 @@ def finetune_llm_reasoning(pop: Sequence, env, max_steps: int | None = None, eva
 
     def train_step(agents, step):
         prompts = env.reset()
+        started = time.perf_counter()
         rollouts = generate_population([a for a in agents if not getattr(a, "quarantined", False)], prompts)
+        generated = time.perf_counter()
         active = [a for a in agents if a.index in rollouts]
         experiences = []
         for agent in active:
             completions, masks = rollouts[agent.index].per_prompt()
             experiences.append((completions, masks, env.score(completions, prompts)))
         env.step_to_next_batch()
-        return dict(zip([a.index for a in active], learn_all(active, experiences)))
+        learnt = time.perf_counter()
+        metrics = dict(zip([a.index for a in active], learn_all(active, experiences)))
+        return with_costs(metrics, member_tokens(active, [e[1] for e in experiences]), generated - started,
+                          time.perf_counter() - learnt)
 
     return evolve(pop, train_step, lambda agents: evaluate_population(agents, env), max_steps=max_steps,
                   evaluation_interval=evaluation_interval, evo_steps=evo_steps, tournament=tournament,
