@@ -16,12 +16,12 @@ from .schema import ConfigError
 
 def build_population(cfg, model, tokenizer, hp_config):
     """The members of the population on ONE shared base."""
-    from .adapters.shared import default_lora_config
+    from .models.loading import lora_config
 
     alg = cfg.algorithm
     cls = algorithm_class(alg.name)
     size = alg.population_size
-    lora = default_lora_config(**alg.lora.kwargs())
+    lora = lora_config(model, **alg.lora.kwargs())
     hps = dict(alg.hyperparameters)
     hps.setdefault("seed", cfg.seed)
     init = None
@@ -123,8 +123,9 @@ def run(cfg, resume: bool, quiet: bool = False) -> dict:
 
     run_config = cfg.to_dict(explicit=True)
     cfg.resolve_paths()
-    if cfg.threads:
-        torch.set_num_threads(int(cfg.threads))
+    from .models.loading import set_threads
+
+    set_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
     out = Path(cfg.output_dir)
     write_json(out / "config.json", cfg.to_dict())
@@ -136,7 +137,8 @@ def run(cfg, resume: bool, quiet: bool = False) -> dict:
     train_cfg = {"max_steps": cfg.train.max_steps, "evaluation_interval": cfg.train.evaluation_interval,
                  "save_elite": cfg.train.save_elite, "elite_path": cfg.train.elite_path or str(out / "elites"),
                  "checkpoint_dir": str(out / "checkpoints"), "checkpoint_every": cfg.train.checkpoint_interval(),
-                 "keep_checkpoints": cfg.train.keep_checkpoints, "resume": resume, "run_config": run_config}
+                 "keep_checkpoints": cfg.train.keep_checkpoints, "resume": resume, "run_config": run_config,
+                 "max_time": cfg.train.max_time}
     train_cfg["callbacks"] = run_callbacks(cfg, out)
     env_type = cfg.env.type
     print(f"evollm: {len(members)} x {type(members[0]).__name__} on one shared base "

@@ -14,7 +14,8 @@ def run_reasoning(cfg, members, tokenizer, train_cfg: dict, evo_steps, selection
     train_ds, test_ds, reward_fn, template = build_task(cfg.task, cfg.seed)
     env = ReasoningGym(train_ds, test_ds, tokenizer, reward_fn, template, seed=cfg.seed,
                        data_batch_size_per_gpu=cfg.env.data_batch_size_per_gpu,
-                       max_context_length=cfg.env.max_context_length, eval_batch_size=cfg.env.eval_batch_size)
+                       max_context_length=cfg.env.max_context_length, eval_batch_size=cfg.env.eval_batch_size,
+                       long_prompts=cfg.env.long_prompts, chat_template_kwargs=cfg.task.chat_template_kwargs)
     initial = evaluate_population(members[:1], env, record=False)[0]
     print(f"warm start: held-out accuracy {initial:.3f} on {len(env.test_prompts())} fixed test questions")
     agents, population = finetune_llm_reasoning(

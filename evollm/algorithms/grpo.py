@@ -8,7 +8,7 @@ steps on this member's LoRA adapter. The maths lives in :mod:`evollm.functional`
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import torch
 
@@ -47,6 +47,13 @@ class GRPOConfig(AgentConfig):
             raise ValueError(f"clip_coef={self.clip_coef!r} must give bounds lo <= 1 <= hi, got ({lo}, {hi})")
 
 
+class ActionResult(NamedTuple):
+    """What :meth:`GRPO.get_action` returns; unpacks as ``completion_ids, action_masks``."""
+
+    completion_ids: list  # per prompt: [G, L] prompt + completion ids
+    action_masks: list  # per prompt: [G, L-1], 1 on generated tokens
+
+
 class GRPO(LLMAgent):
     """Group Relative Policy Optimization on a LoRA adapter of a shared base model.
 
@@ -55,7 +62,15 @@ class GRPO(LLMAgent):
     """
 
     config_cls = GRPOConfig
-    MUTABLE = LLMAgent.MUTABLE + ("loss_type", "scale_rewards")
+    MUTABLE = LLMAgent.MUTABLE + ("loss_type", "scale_rewards", "group_size")
+
+    def set_hyperparameter(self, name: str, value) -> None:
+        if name == "group_size":  # read at the next rollout (sampler) and learn (advantage groups)
+            if int(value) < 2:
+                raise ValueError(f"group_size must be >= 2 to evolve (advantages are relative to the group), "
+                                 f"got {value}")
+            value = int(value)
+        super().set_hyperparameter(name, value)
 
     # ------------------------------------------------------------------ population constructor
     @classmethod
@@ -76,14 +91,14 @@ class GRPO(LLMAgent):
         return members
 
     # ------------------------------------------------------------------ acting
-    def get_action(self, prompts: Sequence[dict], training: bool = True):
+    def get_action(self, prompts: Sequence[dict], training: bool = True) -> ActionResult:
         """Sample ``group_size`` completions per prompt (one greedy completion when not training).
 
-        Returns ``(completion_ids, action_masks)``: lists with one tensor per prompt, of shapes
-        ``[G, L]`` (prompt + completion) and ``[G, L-1]``.
+        Returns an :class:`ActionResult` ``(completion_ids, action_masks)``: lists with one tensor
+        per prompt, of shapes ``[G, L]`` (prompt + completion) and ``[G, L-1]``.
         """
         rollout = self.rollout(prompts, training)
-        return rollout.per_prompt()
+        return ActionResult(*rollout.per_prompt())
 
     def rollout(self, prompts: Sequence[dict], training: bool = True) -> Rollout:
         """This member's samples of ``prompts`` (``group_size`` per prompt when training, else one greedy)."""
@@ -191,6 +206,8 @@ def member_chunks(agents, rows_each: int, width: int) -> list[list[int]]:
     n = len(agents)
     if n == 1:
         return [[0]]
+    if agents[0].shared.model.get_base_model().is_gradient_checkpointing:
+        return [[i] for i in range(n)]  # the routing hooks are gone when backward recomputes the forward
     per_member = rows_each * width * activation_bytes_per_token(agents[0].shared.model)
     k = c.learn_chunk_members or max(1, int(c.logits_budget_mb * 2**20 // per_member))
     if c.logprob_chunk_rows is not None and c.logprob_chunk_rows < rows_each * min(k, n):

@@ -104,9 +104,11 @@ class _Selection:
         return sorted(population, key=lambda a: (-scores[int(a.index)], int(a.index)))
 
     def _clone(self, parent: Any, parents: dict[int, int]) -> Any:
-        """Clone ``parent`` with a fresh id and run its hooks."""
-        new_id = self.next_index
-        self.next_index += 1
+        """Clone ``parent`` with a fresh id and run its hooks. The id also comes after every id its
+        shared base has handed out (members cloned by the user in between included)."""
+        base_next = getattr(getattr(parent, "shared", None), "next_index", None)
+        new_id = max(self.next_index, base_next()) if callable(base_next) else self.next_index
+        self.next_index = new_id + 1
         child = parent.clone(index=new_id)
         child.run_mutation_hooks()
         parents[new_id] = int(parent.index)

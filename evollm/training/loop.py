@@ -22,6 +22,7 @@ from ..rollout import evaluate_population, generate_population
 from ..run.measure import member_tokens, with_costs
 from .callbacks import Callback, LoopState, call
 from .quarantine import check_members, evaluate_healthy, is_quarantined, replace_quarantined
+from .compat import agilerl_extras, pick_selection, resolve_max_steps
 
 
 def validate_settings(pop: Sequence, max_steps: int, evaluation_interval: int, evo_steps: int | None,
@@ -53,12 +54,17 @@ def evolve(pop: Sequence, train_step: Callable[[list, int], dict[int, dict]],
            evo_steps: int | None = None, tournament=None, mutation=None, population: Population | None = None,
            save_elite: bool = False, elite_path: str | Path | None = None, verbose: bool = True,
            seed: int = 0, log: Callable[[str], None] | None = None,
-           callbacks: Sequence[Callback] = ()) -> tuple[list, Population]:
+           callbacks: Sequence[Callback] = (), max_time: float | None = None,
+           max_reward: float | None = None) -> tuple[list, Population]:
     """The loop itself; :func:`finetune_llm_reasoning` and ``finetune_llm_multiturn`` supply the
     ``train_step`` (returns per-member metrics) and ``evaluate`` (returns fitness per member).
     ``callbacks`` (:class:`~evollm.training.callbacks.Callback`) are called at every step,
-    evaluation, selection and at the end."""
+    evaluation, selection and at the end. The run stops early, after a final evaluation, once
+    ``max_time`` seconds have passed, or after an evaluation whose best fitness reaches ``max_reward``."""
     validate_settings(pop, max_steps, evaluation_interval, evo_steps, tournament, mutation)
+    if max_time is not None and max_time <= 0:
+        raise ValueError(f"max_time must be > 0 seconds, got {max_time}")
+    run_started = time.perf_counter()
     agents = list(pop)
     record = population if population is not None else Population(agents)
     log = log or (lambda msg: tqdm.write(msg))
@@ -79,7 +85,10 @@ def evolve(pop: Sequence, train_step: Callable[[list, int], dict[int, dict]],
         done = step + 1
         state.step, state.agents = done, agents
         call(callbacks, "on_step_end", state, metrics)
-        if done % evaluation_interval == 0 or done == max_steps:
+        stop = None
+        if max_time is not None and time.perf_counter() - run_started >= max_time:
+            stop = f"max_time={max_time:g}s reached after {done} steps"
+        if done % evaluation_interval == 0 or done == max_steps or stop:
             started = time.perf_counter()
             fitness = evaluate_healthy(agents, evaluate)
             record.record_evaluation_time(done, time.perf_counter() - started)
@@ -93,6 +102,11 @@ def evolve(pop: Sequence, train_step: Callable[[list, int], dict[int, dict]],
             if verbose:
                 log(f"step {done:>5}  train reward {_mean(train_rewards.values()):.3f}  fitness "
                     + " ".join(f"{f:.3f}" for f in fitness))
+            if max_reward is not None and best >= max_reward:
+                stop = stop or f"best fitness {best:.3f} reached max_reward={max_reward:g} after {done} steps"
+        if stop:
+            log(f"stopping: {stop}")
+            break
         if evo_steps is not None and done % evo_steps == 0 and done < max_steps:
             agents, result = _evolve_once(agents, tournament, mutation, record, done)
             state.agents = agents
@@ -165,14 +179,16 @@ def run_callbacks(callbacks: Sequence[Callback], checkpoint_dir, resume: bool, c
                             log=lambda msg: tqdm.write(msg), **components), *callbacks]
 
 
-def finetune_llm_reasoning(pop: Sequence, env, max_steps: int, evaluation_interval: int = 10,
+def finetune_llm_reasoning(pop: Sequence, env, max_steps: int | None = None, evaluation_interval: int = 10,
                            evo_steps: int | None = None, tournament=None, mutation=None,
                            save_elite: bool = False, elite_path: str | Path | None = None,
                            verbose: bool = True, seed: int = 0, population: Population | None = None,
                            callbacks: Sequence[Callback] = (), checkpoint_dir: str | Path | None = None,
                            resume: bool = False, checkpoint_every: int | None = None,
-                           keep_checkpoints: int | None = 3, run_config: dict | None = None
-                           ) -> tuple[list, Population]:
+                           keep_checkpoints: int | None = 3, run_config: dict | None = None,
+                           max_time: float | None = None, max_reward: float | None = None,
+                           num_epochs: float | None = None, max_steps_unit: str | None = None,
+                           selection_strategy=None, **agilerl_kwargs) -> tuple[list, Population]:
     """Train a population of single-turn agents (GRPO family) on a :class:`ReasoningGym`.
 
     Every step, all members answer the same prompts (one batched generate over the shared base),
@@ -183,13 +199,30 @@ def finetune_llm_reasoning(pop: Sequence, env, max_steps: int, evaluation_interv
     ``checkpoint_every`` steps (default: ``evaluation_interval``; 0: only at selections, on SIGINT/SIGTERM
     and at the end), keeping the newest ``keep_checkpoints``. ``resume=True`` continues exactly from the
     newest valid checkpoint there (``pop`` and ``env`` built as for the original run).
+
+    Budget: ``max_steps`` iterations (``max_steps_unit="prompts"``: AgileRL's meaning, prompts
+    summed over the population), or ``num_epochs`` passes over the training set; ``max_time``
+    seconds of wall clock; ``max_reward`` stops once the best fitness reaches it.
+    ``selection_strategy`` is AgileRL's name for ``tournament``; see :mod:`evollm.training.compat`
+    for the other AgileRL keywords accepted.
     """
+    agilerl_style = agilerl_extras(agilerl_kwargs) or selection_strategy is not None or num_epochs is not None \
+        or max_reward is not None
+    tournament = pick_selection(tournament, selection_strategy)
+    max_steps = resolve_max_steps(max_steps, num_epochs, max_steps_unit, env.batch_size, len(pop), len(env),
+                                  agilerl_style)
     for agent in pop:
         rows = env.batch_size * agent.config.group_size
         if rows > agent.config.batch_size and rows % agent.config.batch_size:
             raise ValueError(f"member {agent.index}: data_batch_size_per_gpu ({env.batch_size}) x group_size "
                              f"({agent.config.group_size}) = {rows} rows do not divide into "
                              f"batch_size={agent.config.batch_size}")
+        limit = getattr(agent.config, "max_model_len", None)
+        longest = env.longest_prompt() if hasattr(env, "longest_prompt") else None
+        if limit is not None and longest is not None and longest + agent.config.max_output_tokens > limit:
+            raise ValueError(f"member {agent.index}: the longest prompt ({longest} tokens) + max_output_tokens "
+                             f"({agent.config.max_output_tokens}) exceeds max_model_len={limit}; raise "
+                             "max_model_len or drop long prompts with the env's max_context_length")
 
     def train_step(agents, step):
         prompts = env.reset()
@@ -214,4 +247,5 @@ def finetune_llm_reasoning(pop: Sequence, env, max_steps: int, evaluation_interv
         return evolve(pop, train_step, lambda agents: evaluate_population(agents, env), max_steps=max_steps,
                       evaluation_interval=evaluation_interval, evo_steps=evo_steps, tournament=tournament,
                       mutation=mutation, population=population, save_elite=save_elite, elite_path=elite_path,
-                      verbose=verbose, seed=seed, callbacks=callbacks)
+                      verbose=verbose, seed=seed, callbacks=callbacks, max_time=max_time,
+                      max_reward=max_reward)

@@ -71,9 +71,10 @@ def finetune_llm_multiturn(pop: Sequence, max_turns: int, env_factory: Callable[
                            on_evaluation: Callable[[int, list, dict], None] | None = None,
                            callbacks: Sequence = (), checkpoint_dir: str | Path | None = None,
                            resume: bool = False, checkpoint_every: int | None = None,
-                           keep_checkpoints: int | None = 3, run_config: dict | None = None
+                           keep_checkpoints: int | None = 3, run_config: dict | None = None,
+                           max_time: float | None = None
                            ) -> tuple[list, Population]:
-    """Train a population on a multi-turn environment.
+    """Train a population on a multi-turn environment (``max_time``: wall-clock budget in seconds).
 
     Args:
         pop: the members (LLMPPO, LLMREINFORCE or GRPO family), all on one shared base.
@@ -128,7 +129,7 @@ def finetune_llm_multiturn(pop: Sequence, max_turns: int, env_factory: Callable[
         return evolve(pop, train_step, evaluate, max_steps=max_steps, evaluation_interval=evaluation_interval,
                       evo_steps=evo_steps, tournament=tournament, mutation=mutation, population=population,
                       save_elite=save_elite, elite_path=elite_path, verbose=verbose, seed=seed,
-                      callbacks=callbacks)
+                      callbacks=callbacks, max_time=max_time)
 
 
 # --------------------------------------------------------------------------- from a run config
