@@ -30,7 +30,8 @@ def build_population(cfg, model, tokenizer, hp_config):
     members = []
     for i in range(size):
         agent = cls(model, pad_token_id=tokenizer.pad_token_id, pad_token=tokenizer.pad_token,
-                    eos_token_id=tokenizer.eos_token_id, hp_config=hp_config, lora_config=lora, **hps)
+                    eos_token_id=tokenizer.eos_token_id, tokenizer=tokenizer, hp_config=hp_config, lora_config=lora,
+                    **hps)
         for name, value in (init[i] if init else {}).items():
             agent.set_hyperparameter(name, value)
         members.append(agent)
