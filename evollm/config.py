@@ -339,7 +339,8 @@ class TrainSection(Section):
     evo_steps: int | None = option(None, "Steps between selections (a multiple of evaluation_interval); "
                                    "null: no evolution.")
     save_elite: bool = option(False, "Save the best member at every selection.", when={"evo_steps": _evolving})
-    elite_path: str | None = option(None, "Folder of the saved elites (relative to output_dir).",
+    elite_path: str | None = option(None, "Folder of the saved elites (relative to output_dir; default "
+                                    "output_dir/elites).",
                                     when={"save_elite": (True,)}, path=True)
     checkpoint_every: int | None = option(None, "Steps between checkpoints of the whole run into "
                                           "output_dir/checkpoints/step_N (also at every selection, on "

@@ -43,6 +43,7 @@ class SharedBase:
 
     def __init__(self, model: torch.nn.Module, lora_config: LoraConfig, first_adapter: str):
         self._used_ids: set[int] = set()
+        self._released_kept: set[str] = set()  # released adapters PEFT would not delete (the last one)
         self._param_cache: dict[str, list] = {}
         self._layers: list | None = None
         if isinstance(model, PeftModel):
@@ -87,6 +88,14 @@ class SharedBase:
             shared.add_adapter(cls.member_adapter(index, role), lora_config)
         return shared, index
 
+    @classmethod
+    def find(cls, model: torch.nn.Module) -> "SharedBase | None":
+        """The shared base already made for ``model`` (or its PEFT wrapper), if any."""
+        shared = _REGISTRY.get(model)
+        if shared is None and isinstance(model, PeftModel):
+            shared = _REGISTRY.get(model.get_base_model())
+        return shared
+
     def reserve_index(self, index: int | None = None) -> int:
         """A member id never used before on this base (or claim ``index``, which must be new)."""
         if index is None:
@@ -118,6 +127,17 @@ class SharedBase:
         return self.peft_model.peft_config[name]
 
     def add_adapter(self, name: str, lora_config: LoraConfig) -> None:
+        if self.has_adapter(name) and name in self._released_kept:
+            # a released member's adapter kept only because PEFT cannot drop its last one: replace it
+            self.peft_model.add_adapter("_evollm_swap", copy.deepcopy(lora_config))
+            self.peft_model.set_adapter("_evollm_swap")
+            self.peft_model.delete_adapter(name)
+            self._released_kept.discard(name)
+            self.peft_model.add_adapter(name, copy.deepcopy(lora_config))
+            self.peft_model.set_adapter(name)
+            self.peft_model.delete_adapter("_evollm_swap")
+            self.invalidate()
+            return
         if self.has_adapter(name):
             raise ValueError(f"adapter {name!r} already exists on this shared base")
         self.peft_model.add_adapter(name, copy.deepcopy(lora_config))
@@ -128,6 +148,7 @@ class SharedBase:
         if not self.has_adapter(name):
             return
         if len(self.adapters()) == 1:
+            self._released_kept.add(name)
             return
         if self.peft_model.active_adapter == name:
             other = next(a for a in self.adapters() if a != name)

@@ -296,11 +296,11 @@ class LLMAgent:
         from ..checkpoint import save_agent
         save_agent(self, path)
 
-    def load_checkpoint(self, path, merge_lora_configs: bool = False) -> None:
+    def load_checkpoint(self, path, merge_lora_configs: bool = False, verify_manifest: bool = True) -> None:
         """Load a checkpoint into this live member. A LoRA rank that differs from the live one is a
         ``ValueError`` unless ``merge_lora_configs`` (then the larger rank wins, function preserved)."""
         from ..checkpoint import load_agent
-        load_agent(self, path, merge_lora_configs=merge_lora_configs)
+        load_agent(self, path, merge_lora_configs=merge_lora_configs, verify_manifest=verify_manifest)
 
     # ------------------------------------------------------------------ model access
     def sampling_config(self, training: bool = True, group_size: int = 1) -> SamplingConfig:
@@ -353,7 +353,7 @@ def all_eos_ids(model, eos_token_id, tokenizer, pad_token_id: int) -> tuple[int,
 
 def copy_attributes(agent: LLMAgent, clone: LLMAgent) -> LLMAgent:
     """Copy the non-network attributes of ``agent`` onto ``clone`` (ids and adapters excepted)."""
-    skip = {"index", "shared", "optimizer", "config", "released", "value_head"}
+    skip = {"index", "shared", "optimizer", "config", "released", "value_head", "quarantined", "quarantine_reason"}
     for key, value in agent.__dict__.items():
         if key in skip:
             continue

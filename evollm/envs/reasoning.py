@@ -123,6 +123,25 @@ class ReasoningGym:
         """The fixed evaluation prompts (identical on every call)."""
         return self.test_set
 
+    # ------------------------------------------------------------------ checkpoints
+    def state_dict(self) -> dict:
+        """Where the training stream is (JSON): shuffling generator, order, position, epoch, current batch.
+        The evaluation prompts are fixed, so they have no state."""
+        current = None
+        if self._current is not None:
+            current = [int(i) for i in self._order[self._cursor - self.batch_size:self._cursor]]
+        return {"rng": self._rng.bit_generator.state, "order": [int(i) for i in self._order],
+                "cursor": self._cursor, "epoch": self.epoch, "current": current, "train_rows": len(self.train)}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue the training stream exactly where :meth:`state_dict` left it."""
+        if state["train_rows"] != len(self.train):
+            raise ValueError(f"env state is for {state['train_rows']} training rows, this env has {len(self.train)}")
+        self._rng.bit_generator.state = state["rng"]
+        self._order = np.asarray(state["order"], dtype=np.int64)
+        self._cursor, self.epoch = int(state["cursor"]), int(state["epoch"])
+        self._current = None if state["current"] is None else [self.train[int(i)] for i in state["current"]]
+
     # ------------------------------------------------------------------ helpers
     def decode(self, completions, prompts: Sequence[dict]) -> list[list[str]]:
         if len(completions) != len(prompts):

@@ -126,6 +126,13 @@ class Mutations:
         return MutationRecord(kind="lora_rank", name=LORA_RANK, old=old, new=new,
                               explored=explored)
 
+    def state_dict(self) -> dict:
+        """The generator's state (JSON), so a resumed run draws the same mutations."""
+        return {"rng": self.rng.bit_generator.state}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.rng.bit_generator.state = state["rng"]
+
     def __repr__(self) -> str:
         return (f"Mutations(no_mutation={self.no_mutation:.3g}, rl_hp={self.rl_hp:.3g}, "
                 f"lora_rank={self.lora_rank:.3g}, explore_prob={self.explore_prob}, "

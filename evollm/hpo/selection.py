@@ -66,6 +66,14 @@ class _Selection:
         self.rng = np.random.default_rng(rand_seed)
         self.next_index = 0 if next_index is None else int(next_index)
 
+    def state_dict(self) -> dict:
+        """The generator's state and the id counter (JSON), so a resumed run selects the same way."""
+        return {"rng": self.rng.bit_generator.state, "next_index": self.next_index}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.rng.bit_generator.state = state["rng"]
+        self.next_index = int(state["next_index"])
+
     def score(self, agent: Any) -> float:
         """Ranking score of ``agent``: last fitness, or mean of the last ``window``."""
         history = list(getattr(agent, "fitness", None) or [])

@@ -7,6 +7,7 @@ Each step: every member collects experience and learns (``train_step``); every
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 import warnings
@@ -20,6 +21,7 @@ from ..population import Population
 from ..rollout import evaluate_population, generate_population
 from ..run.measure import member_tokens, with_costs
 from .callbacks import Callback, LoopState, call
+from .quarantine import check_members, evaluate_healthy, is_quarantined, replace_quarantined
 
 
 def validate_settings(pop: Sequence, max_steps: int, evaluation_interval: int, evo_steps: int | None,
@@ -60,10 +62,11 @@ def evolve(pop: Sequence, train_step: Callable[[list, int], dict[int, dict]],
     agents = list(pop)
     record = population if population is not None else Population(agents)
     log = log or (lambda msg: tqdm.write(msg))
-    since_eval: dict[int, list[float]] = {}
     state = LoopState(0, max_steps, agents, record)
-    call(callbacks, "on_train_begin", state)
-    bar = tqdm(range(max_steps), desc="train", disable=not verbose, dynamic_ncols=True)
+    call(callbacks, "on_train_begin", state)  # a resuming callback may move state.step/agents/since_eval
+    agents, since_eval = list(state.agents), state.since_eval
+    bar = tqdm(range(state.step, max_steps), desc="train", disable=not verbose, dynamic_ncols=True,
+               initial=state.step, total=max_steps)
     for step in bar:
         torch.manual_seed(seed + step)
         metrics = train_step(agents, step)
@@ -72,20 +75,17 @@ def evolve(pop: Sequence, train_step: Callable[[list, int], dict[int, dict]],
             m = metrics.get(agent.index, {})
             agent.scores.append(m.get("mean_reward", math.nan))
             since_eval.setdefault(agent.index, []).append(m.get("mean_reward", math.nan))
-            if not math.isfinite(m.get("loss", 0.0)):
-                _quarantine(agent, m, log)
+        check_members(agents, metrics, step + 1, log)
         done = step + 1
         state.step, state.agents = done, agents
         call(callbacks, "on_step_end", state, metrics)
         if done % evaluation_interval == 0 or done == max_steps:
             started = time.perf_counter()
-            fitness = evaluate(agents)
+            fitness = evaluate_healthy(agents, evaluate)
             record.record_evaluation_time(done, time.perf_counter() - started)
-            for i, agent in enumerate(agents):
-                if getattr(agent, "quarantined", False):
-                    fitness[i] = agent.fitness[-1] = -math.inf
             train_rewards = {a.index: _mean(since_eval.get(a.index, [])) for a in agents}
-            record.record_evaluation(done, agents, fitness, train_rewards)
+            record.record_evaluation(done, agents, fitness, train_rewards,
+                                     extra={a.index: {"quarantined": is_quarantined(a)} for a in agents})
             call(callbacks, "on_evaluation", state, fitness)
             since_eval.clear()
             best = max(fitness)
@@ -99,6 +99,8 @@ def evolve(pop: Sequence, train_step: Callable[[list, int], dict[int, dict]],
             call(callbacks, "on_selection", state, result)
             if save_elite:
                 record.best().save_checkpoint(Path(elite_path or "elite") / f"step_{done}")
+        state.agents = agents
+        call(callbacks, "on_step_complete", state)
     record.members = list(agents)
     call(callbacks, "on_train_end", state)
     return agents, record
@@ -106,19 +108,13 @@ def evolve(pop: Sequence, train_step: Callable[[list, int], dict[int, dict]],
 
 def _evolve_once(agents: list, tournament, mutation, record: Population, step: int) -> list:
     result = tournament.select(agents)
+    replace_quarantined(result, agents, tournament)
     mutation.mutation(result.mutate)
     record.record_selection(result, step)
     for old in result.dropped:
         if old not in result.population:
             old.release()
     return list(result.population), result
-
-
-def _quarantine(agent, metrics: dict, log) -> None:
-    if not getattr(agent, "quarantined", False):
-        agent.quarantined = True
-        log(f"member {agent.index} quarantined: non-finite loss {metrics.get('loss')} "
-            "(it is no longer trained and will lose the next selection)")
 
 
 def _mean(values) -> float:
@@ -143,16 +139,50 @@ def learn_all(agents: Sequence, experiences: Sequence) -> list[dict]:
     return [out[i] for i in range(len(agents))]
 
 
+@contextlib.contextmanager
+def closing_all(callbacks: Sequence):
+    """Call ``close()`` on every callback that has one when the run ends, by return or by exception."""
+    try:
+        yield
+    finally:
+        for cb in callbacks:
+            if hasattr(cb, "close"):
+                cb.close()
+
+
+def run_callbacks(callbacks: Sequence[Callback], checkpoint_dir, resume: bool, checkpoint_every: int | None,
+                  keep_checkpoints: int | None, evaluation_interval: int, **components) -> list:
+    """``callbacks`` plus a :class:`~evollm.run.RunCheckpointer` when ``checkpoint_dir`` is given."""
+    if checkpoint_dir is None:
+        if resume:
+            raise ValueError("resume=True needs checkpoint_dir (the folder holding the step_N checkpoints)")
+        return list(callbacks)
+    from ..run import RunCheckpointer
+
+    every = evaluation_interval if checkpoint_every is None else checkpoint_every
+    # first: it restores a resumed run before other callbacks start, and saves before they act on a step
+    return [RunCheckpointer(checkpoint_dir, every, keep_checkpoints, resume=resume,
+                            log=lambda msg: tqdm.write(msg), **components), *callbacks]
+
+
 def finetune_llm_reasoning(pop: Sequence, env, max_steps: int, evaluation_interval: int = 10,
                            evo_steps: int | None = None, tournament=None, mutation=None,
                            save_elite: bool = False, elite_path: str | Path | None = None,
                            verbose: bool = True, seed: int = 0, population: Population | None = None,
-                           callbacks: Sequence[Callback] = ()) -> tuple[list, Population]:
+                           callbacks: Sequence[Callback] = (), checkpoint_dir: str | Path | None = None,
+                           resume: bool = False, checkpoint_every: int | None = None,
+                           keep_checkpoints: int | None = 3, run_config: dict | None = None
+                           ) -> tuple[list, Population]:
     """Train a population of single-turn agents (GRPO family) on a :class:`ReasoningGym`.
 
     Every step, all members answer the same prompts (one batched generate over the shared base),
     each member learns from its own completions, then the env moves to the next batch. Returns
     ``(agents, population)``: the final members and their :class:`Population` record.
+
+    With ``checkpoint_dir`` the whole run is checkpointed into ``checkpoint_dir/step_N/`` every
+    ``checkpoint_every`` steps (default: ``evaluation_interval``; 0: only at selections, on SIGINT/SIGTERM
+    and at the end), keeping the newest ``keep_checkpoints``. ``resume=True`` continues exactly from the
+    newest valid checkpoint there (``pop`` and ``env`` built as for the original run).
     """
     for agent in pop:
         rows = env.batch_size * agent.config.group_size
@@ -177,7 +207,11 @@ def finetune_llm_reasoning(pop: Sequence, env, max_steps: int, evaluation_interv
         return with_costs(metrics, member_tokens(active, [e[1] for e in experiences]), generated - started,
                           time.perf_counter() - learnt)
 
-    return evolve(pop, train_step, lambda agents: evaluate_population(agents, env), max_steps=max_steps,
-                  evaluation_interval=evaluation_interval, evo_steps=evo_steps, tournament=tournament,
-                  mutation=mutation, population=population, save_elite=save_elite, elite_path=elite_path,
-                  verbose=verbose, seed=seed, callbacks=callbacks)
+    callbacks = run_callbacks(callbacks, checkpoint_dir, resume, checkpoint_every, keep_checkpoints,
+                              evaluation_interval, env=env, mutation=mutation, selection=tournament, seed=seed,
+                              config=run_config)
+    with closing_all(callbacks):
+        return evolve(pop, train_step, lambda agents: evaluate_population(agents, env), max_steps=max_steps,
+                      evaluation_interval=evaluation_interval, evo_steps=evo_steps, tournament=tournament,
+                      mutation=mutation, population=population, save_elite=save_elite, elite_path=elite_path,
+                      verbose=verbose, seed=seed, callbacks=callbacks)
