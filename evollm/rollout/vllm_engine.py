@@ -127,10 +127,10 @@ class VLLMSettings:
 
 def vllm_available() -> bool:
     try:
-        import vllm  # noqa: F401
+        import vllm
     except Exception:  # ImportError, or a broken install (e.g. CUDA-only torchvision)
         return False
-    return True
+    return getattr(vllm, "__file__", None) is not None  # not a stray namespace folder
 
 
 def supported_lora_rank(rank: int) -> int:
