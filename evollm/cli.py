@@ -53,18 +53,24 @@ def build_population(cfg, model, tokenizer, hp_config):
 def train(config_path: str, overrides: list[str] | None = None, quiet: bool = False) -> dict:
     import torch
 
+    from . import distributed as dist
     from .config import RunConfig, build_hpo, build_model
 
+    dist.init()  # under `accelerate launch`: one process per device, the population on each
+    main = dist.is_main_process()
     cfg = RunConfig.from_yaml(config_path, overrides)
     algorithm_class(cfg.algorithm.get("name", "GRPO"))  # a bad name fails before any model is built
     if cfg.threads:
         torch.set_num_threads(int(cfg.threads))
     torch.manual_seed(cfg.seed)
     out = Path(cfg.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=1))
+    if main:  # only the main process writes the run directory
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=1))
     t0 = time.perf_counter()
     model, tokenizer = build_model(cfg.model, cfg.seed, cfg.task.get("name"))
+    if dist.is_distributed():
+        model.to(dist.device())
     size = int(cfg.algorithm.get("population_size", 1))
     hp_config, mutation, selection = build_hpo(cfg.hpo, size, cfg.seed)
     members = build_population(cfg, model, tokenizer, hp_config)
@@ -73,7 +79,10 @@ def train(config_path: str, overrides: list[str] | None = None, quiet: bool = Fa
     if evo_steps is None:
         mutation = selection = None
     env_type = cfg.env.get("type", "reasoning")
-    print(f"evollm: {len(members)} x {type(members[0]).__name__} on one shared base "
+    if env_type != "reasoning" and dist.is_distributed():
+        raise ValueError(f"env.type={env_type!r}: multi-process training supports env.type 'reasoning' only")
+    say = print if main else (lambda *a, **k: None)
+    say(f"evollm: {len(members)} x {type(members[0]).__name__} on one shared base "
           f"({sum(p.numel() for p in members[0].shared.base_parameters()):,} base parameters), env={env_type}")
     if env_type == "reasoning":
         from .runners import run_reasoning
@@ -84,6 +93,9 @@ def train(config_path: str, overrides: list[str] | None = None, quiet: bool = Fa
     else:
         raise ValueError(f"env.type={env_type!r} is not valid; choose one of ['reasoning', 'multiturn']")
     agents, population = result["agents"], result["population"]
+    result["num_processes"] = dist.num_processes()
+    if not main:
+        return {k: v for k, v in result.items() if k not in ("agents", "population")}
     paths = population.write(out)
     best = population.best()
     best.save_checkpoint(out / "best_member")

@@ -3,7 +3,9 @@ warm start, train, measure again."""
 
 from __future__ import annotations
 
+from . import distributed as dist
 from .training.batched import evaluate_population
+from .training.data_parallel import evaluate_data_parallel
 
 
 def run_reasoning(cfg, members, tokenizer, train_cfg: dict, evo_steps, selection, mutation, quiet: bool) -> dict:
@@ -13,9 +15,12 @@ def run_reasoning(cfg, members, tokenizer, train_cfg: dict, evo_steps, selection
 
     train_ds, test_ds, reward_fn, template = build_task(cfg.task, cfg.seed)
     env_cfg = {k: v for k, v in cfg.env.items() if k != "type"}
+    # data_batch_size_per_gpu is per process: the env yields the global batch, each process its share
+    env_cfg["data_batch_size_per_gpu"] = env_cfg.get("data_batch_size_per_gpu", 8) * dist.num_processes()
     env = ReasoningGym(train_ds, test_ds, tokenizer, reward_fn, template, seed=cfg.seed, **env_cfg)
-    initial = evaluate_population(members[:1], env, record=False)[0]
-    print(f"warm start: held-out accuracy {initial:.3f} on {len(env.test_prompts())} fixed test questions")
+    initial = evaluate_data_parallel(members[:1], env, evaluate_population, record=False)[0]
+    if dist.is_main_process():
+        print(f"warm start: held-out accuracy {initial:.3f} on {len(env.test_prompts())} fixed test questions")
     agents, population = finetune_llm_reasoning(
         members, env, evo_steps=evo_steps, tournament=selection, mutation=mutation, verbose=not quiet,
         seed=cfg.seed, **train_cfg)

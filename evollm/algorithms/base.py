@@ -17,6 +17,7 @@ import torch
 from peft import LoraConfig
 
 from ..adapters.shared import SharedBase, default_lora_config
+from ..distributed import all_reduce_gradients
 from .rollout import SamplingConfig, collate_prompts, forward_logprobs
 
 @dataclass
@@ -254,7 +255,9 @@ class LLMAgent:
         return self.clip_and_step(params)
 
     def clip_and_step(self, params: list[torch.nn.Parameter]) -> float:
-        """Clip the gradients of ``params`` to ``max_grad_norm`` and step. Returns the norm before clipping."""
+        """Clip the gradients of ``params`` to ``max_grad_norm`` and step. Returns the norm before clipping.
+        Under a multi-process launch the gradients are first averaged over processes."""
+        all_reduce_gradients(params)
         max_norm = self.config.max_grad_norm
         norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm else float("inf"))
         self.optimizer.step()

@@ -15,9 +15,11 @@ from typing import Callable, Sequence
 import torch
 from tqdm.auto import tqdm
 
+from .. import distributed as dist
 from ..population import Population
 from .batched import evaluate_population, generate_population
 from .callbacks import Callback, LoopState, call
+from .data_parallel import evaluate_data_parallel, seed_sampling
 
 
 def validate_settings(pop: Sequence, max_steps: int, evaluation_interval: int, evo_steps: int | None,
@@ -55,6 +57,10 @@ def evolve(pop: Sequence, train_step: Callable[[list, int], dict[int, dict]],
     ``callbacks`` (:class:`~evollm.training.callbacks.Callback`) are called at every step,
     evaluation, selection and at the end."""
     validate_settings(pop, max_steps, evaluation_interval, evo_steps, tournament, mutation)
+    dist.init()
+    main = dist.is_main_process()  # multi-process: only the main process prints and runs callbacks
+    verbose = verbose and main
+    callbacks = list(callbacks) if main else []
     agents = list(pop)
     record = population if population is not None else Population(agents)
     log = log or (lambda msg: tqdm.write(msg))
@@ -64,7 +70,7 @@ def evolve(pop: Sequence, train_step: Callable[[list, int], dict[int, dict]],
     bar = tqdm(range(max_steps), desc="train", disable=not verbose, dynamic_ncols=True)
     for step in bar:
         torch.manual_seed(seed + step)
-        metrics = train_step(agents, step)
+        metrics = dist.reduce_metrics([a.index for a in agents], train_step(agents, step))
         for agent in agents:
             m = metrics.get(agent.index, {})
             agent.scores.append(m.get("mean_reward", math.nan))
@@ -89,10 +95,12 @@ def evolve(pop: Sequence, train_step: Callable[[list, int], dict[int, dict]],
                 log(f"step {done:>5}  train reward {_mean(train_rewards.values()):.3f}  fitness "
                     + " ".join(f"{f:.3f}" for f in fitness))
         if evo_steps is not None and done % evo_steps == 0 and done < max_steps:
+            dist.sync_rng(tournament, mutation)  # one source of randomness: process 0's
             agents, result = _evolve_once(agents, tournament, mutation, record, done)
+            dist.agree(dist.population_digest(agents), f"the population after selection at step {done}")
             state.agents = agents
             call(callbacks, "on_selection", state, result)
-            if save_elite:
+            if save_elite and main:
                 record.best().save_checkpoint(Path(elite_path or "elite") / f"step_{done}")
     record.members = list(agents)
     call(callbacks, "on_train_end", state)
@@ -148,16 +156,25 @@ def finetune_llm_reasoning(pop: Sequence, env, max_steps: int, evaluation_interv
     Every step, all members answer the same prompts (one batched generate over the shared base),
     each member learns from its own completions, then the env moves to the next batch. Returns
     ``(agents, population)``: the final members and their :class:`Population` record.
+
+    Under ``accelerate launch --num_processes N`` the env's batch is the GLOBAL batch: every process
+    takes its contiguous ``1/N`` of the prompts, members' gradients are averaged over processes, and
+    fitness is measured on the test prompts split over processes (see :mod:`evollm.distributed`).
     """
+    dist.init()
+    n_proc = dist.num_processes()
+    if env.batch_size % n_proc:
+        raise ValueError(f"the env's batch of {env.batch_size} prompts does not split over {n_proc} processes")
     for agent in pop:
-        rows = env.batch_size * agent.config.group_size
+        rows = env.batch_size // n_proc * agent.config.group_size
         if rows > agent.config.batch_size and rows % agent.config.batch_size:
             raise ValueError(f"member {agent.index}: data_batch_size_per_gpu ({env.batch_size}) x group_size "
                              f"({agent.config.group_size}) = {rows} rows do not divide into "
                              f"batch_size={agent.config.batch_size}")
 
     def train_step(agents, step):
-        prompts = env.reset()
+        prompts = dist.shard(env.reset())  # multi-process: this process's share of the global batch
+        seed_sampling(seed, step)
         rollouts = generate_population([a for a in agents if not getattr(a, "quarantined", False)], prompts)
         active = [a for a in agents if a.index in rollouts]
         experiences = []
@@ -167,7 +184,8 @@ def finetune_llm_reasoning(pop: Sequence, env, max_steps: int, evaluation_interv
         env.step_to_next_batch()
         return dict(zip([a.index for a in active], learn_all(active, experiences)))
 
-    return evolve(pop, train_step, lambda agents: evaluate_population(agents, env), max_steps=max_steps,
+    return evolve(pop, train_step, lambda agents: evaluate_data_parallel(agents, env, evaluate_population),
+                  max_steps=max_steps,
                   evaluation_interval=evaluation_interval, evo_steps=evo_steps, tournament=tournament,
                   mutation=mutation, population=population, save_elite=save_elite, elite_path=elite_path,
                   verbose=verbose, seed=seed, callbacks=callbacks)
