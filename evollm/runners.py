@@ -4,7 +4,7 @@ warm start, train, measure again."""
 from __future__ import annotations
 
 from . import distributed as dist
-from .training.batched import evaluate_population
+from .rollout import evaluate_population
 from .training.data_parallel import evaluate_data_parallel
 
 

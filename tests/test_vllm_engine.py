@@ -34,7 +34,7 @@ def served(tmp_path_factory):
 
 
 def _prompts(n=3):
-    from evollm.algorithms.rollout import collate_prompts
+    from evollm.rollout import collate_prompts
 
     rows = [torch.tensor([3, 10, 11, 12, 4]), torch.tensor([3, 13, 4]), torch.tensor([3, 20, 21, 4])][:n]
     return collate_prompts([{"input_ids": r} for r in rows], 0)
@@ -45,7 +45,7 @@ def _trainer_logp(member, seqs, attn, temperature):
 
 
 def test_mixed_batch_tokens_and_logprobs_equal_hf_peft(served):
-    from evollm.algorithms.rollout import SamplingConfig, action_mask_for, generate, sequence_attention_mask
+    from evollm.rollout import SamplingConfig, action_mask_for, generate, sequence_attention_mask
 
     pop, tok, engine = served
     ids, mask = _prompts()
@@ -76,7 +76,7 @@ def test_mixed_batch_tokens_and_logprobs_equal_hf_peft(served):
 
 
 def test_learn_step_reregisters_only_the_changed_member(served):
-    from evollm.algorithms.rollout import SamplingConfig, generate
+    from evollm.rollout import SamplingConfig, generate
 
     pop, tok, engine = served
     engine.sync(pop)

@@ -18,7 +18,7 @@ from peft import LoraConfig
 
 from ..adapters.shared import SharedBase, default_lora_config
 from ..distributed import all_reduce_gradients
-from .rollout import SamplingConfig, collate_prompts, forward_logprobs
+from ..rollout import SamplingConfig, collate_prompts, forward_logprobs
 
 @dataclass
 class AgentConfig:

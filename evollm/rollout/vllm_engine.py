@@ -315,10 +315,7 @@ class VLLMEngine:
 
     def trainer_logprobs(self, members: Sequence, sequences: Sequence[list[int]], start: int) -> list[torch.Tensor]:
         """Per member: the trainer's log-probs (temperature 1) of ``sequence[start:]``."""
-        try:
-            from .logprobs import forward_logprobs
-        except ImportError:  # before the rollout layer's logprobs module existed
-            from ..algorithms.rollout import forward_logprobs
+        from .logprobs import forward_logprobs
 
         rows = []
         for m, seq in zip(members, sequences):

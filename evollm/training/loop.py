@@ -17,7 +17,7 @@ from tqdm.auto import tqdm
 
 from .. import distributed as dist
 from ..population import Population
-from .batched import evaluate_population, generate_population
+from ..rollout import evaluate_population, generate_population
 from .callbacks import Callback, LoopState, call
 from .data_parallel import evaluate_data_parallel, seed_sampling
 
