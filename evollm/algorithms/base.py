@@ -213,6 +213,10 @@ class LLMAgent:
         """Free this member's adapters and optimizer state (the shared base is untouched)."""
         if self.released:
             return
+        from ..rollout.vllm_engine import engine_of
+        engine = engine_of(self.shared)
+        if engine is not None:  # rollout_backend="vllm": the engine drops the member's LoRA id too
+            engine.release(self.adapter_name("actor"))
         for role in self.ROLES:
             self.shared.delete_adapter(self.adapter_name(role))
         self.optimizer = None

@@ -15,6 +15,7 @@ import torch
 
 from ..adapters.routing import routed
 from .sampling import SamplingConfig, generate
+from .vllm_engine import engine_of
 from .tokens import Rollout, action_mask_for, collate_prompts, sequence_attention_mask
 
 
@@ -59,12 +60,18 @@ def generate_population(agents: Sequence, prompts: Sequence[dict], training: boo
         ids, mask = collate_prompts(prompts, pad_id)
         n = len(members)
         rows = ids.shape[0] * sampling.num_return_sequences
-        seqs = generate_for_members(members, ids.repeat(n, 1), mask.repeat(n, 1), [ids.shape[0]] * n, sampling,
-                                    pad_id, eos_id)
+        engine = engine_of(members[0].shared)  # rollout_backend="vllm": one engine call, every member a LoRA id
+        if engine is not None:
+            seqs, sampler_logp = engine.generate_for_members(members, ids.repeat(n, 1), mask.repeat(n, 1),
+                                                             [ids.shape[0]] * n, sampling, pad_id, eos_id)
+        else:
+            seqs, sampler_logp = generate_for_members(members, ids.repeat(n, 1), mask.repeat(n, 1),
+                                                      [ids.shape[0]] * n, sampling, pad_id, eos_id), None
         for i, member in enumerate(members):
             s = seqs[i * rows:(i + 1) * rows]
             out[member.index] = Rollout(s, sequence_attention_mask(s, mask), action_mask_for(s, ids.shape[1], eos_id),
-                                        ids.shape[1], sampling.num_return_sequences)
+                                        ids.shape[1], sampling.num_return_sequences,
+                                        None if sampler_logp is None else sampler_logp[i * rows:(i + 1) * rows])
     return out
 
 

