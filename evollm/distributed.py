@@ -51,6 +51,16 @@ def init():
     return _STATE
 
 
+def zero_stage() -> int | None:
+    """The DeepSpeed ZeRO stage of an ``accelerate launch --config_file configs/deepspeed/zero*.yaml``
+    launch (``None`` without DeepSpeed). The launch runs evollm's data-parallel path: the frozen base
+    once per process, every member's LoRA gradients averaged over processes; members' optimizer
+    states are NOT sharded by DeepSpeed (no DeepSpeed engine wraps the per-member optimizers)."""
+    if os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() != "true":
+        return None
+    return int(os.environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE", "2"))
+
+
 def is_distributed() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
