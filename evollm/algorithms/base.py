@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar
 
@@ -40,11 +41,48 @@ class AgentConfig:
     weight_decay: float = 0.0
     seed: int = 42
 
+    def validate(self) -> None:
+        """Reject values no run can use (one line naming the field); subclasses call this first."""
+        for name in ("lr", "lr_actor", "lr_critic"):
+            value = getattr(self, name, None)
+            if value is not None and not (_finite(value) and value > 0):
+                raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+        for name in ("batch_size", "update_epochs", "max_output_tokens"):
+            if not _integer(getattr(self, name)) or getattr(self, name) < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {getattr(self, name)!r}")
+        if not (_finite(self.temperature) and self.temperature > 0):
+            raise ValueError(f"temperature must be > 0, got {self.temperature!r}")
+        if not (_finite(self.top_p) and 0 < self.top_p <= 1):
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if not _integer(self.top_k) or self.top_k < 0:
+            raise ValueError(f"top_k must be an integer >= 0 (0: off), got {self.top_k!r}")
+        if not (_finite(self.beta) and self.beta >= 0):
+            raise ValueError(f"beta must be >= 0, got {self.beta!r}")
+        if self.max_grad_norm is not None and not (_finite(self.max_grad_norm) and self.max_grad_norm > 0):
+            raise ValueError(f"max_grad_norm must be > 0 or None, got {self.max_grad_norm!r}")
+        if not (_finite(self.weight_decay) and self.weight_decay >= 0):
+            raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay!r}")
+        if self.max_model_len is not None and (not _integer(self.max_model_len) or self.max_model_len < 1):
+            raise ValueError(f"max_model_len must be an integer >= 1 or None, got {self.max_model_len!r}")
+        if not (_finite(self.logits_budget_mb) and self.logits_budget_mb > 0):
+            raise ValueError(f"logits_budget_mb must be > 0, got {self.logits_budget_mb!r}")
+        lo, hi = self.clip_bounds()
+        if not (_finite(lo) and _finite(hi) and 0 <= lo <= 1 <= hi):
+            raise ValueError(f"clip_coef={self.clip_coef!r} must give bounds lo <= 1 <= hi, got ({lo}, {hi})")
+
     def clip_bounds(self) -> tuple[float, float]:
         c = self.clip_coef
         if isinstance(c, (tuple, list)):
             return float(c[0]), float(c[1])
         return 1.0 - float(c), 1.0 + float(c)
+
+
+def _finite(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _integer(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def build_config(config_cls, config, overrides: dict) -> Any:
@@ -163,6 +201,13 @@ class LLMAgent:
             self.set_lora_rank(int(value))
             return
         self.get_hyperparameter(name)  # validates the name
+        trial = copy.deepcopy(self.config)
+        setattr(trial, name, value)
+        try:
+            if hasattr(trial, "validate"):
+                trial.validate()
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"member {self.index}: {name}={value!r} is not valid: {e}") from None
         setattr(self.config, name, value)
         self._apply_hyperparameter(name, value)
 
@@ -179,6 +224,8 @@ class LLMAgent:
 
     def set_lora_rank(self, rank: int) -> None:
         from ..adapters.resize import resize_member
+        if isinstance(rank, bool) or int(rank) != rank or rank < 1:
+            raise ValueError(f"member {self.index}: lora_rank must be an integer >= 1, got {rank!r}")
         resize_member(self, rank)
 
     # ------------------------------------------------------------------ population methods

@@ -38,6 +38,7 @@ class GRPOConfig(AgentConfig):
     sampler_correction_floor: float | None = None
 
     def validate(self) -> None:
+        super().validate()
         if self.sampler_correction not in F.SAMPLER_CORRECTIONS + ("none",):
             raise ValueError(f"sampler_correction={self.sampler_correction!r} is not valid; choose one of "
                              f"{list(F.SAMPLER_CORRECTIONS) + ['none']}")
@@ -46,8 +47,9 @@ class GRPOConfig(AgentConfig):
         if self.scale_rewards not in F.ADVANTAGE_SCALES:
             raise ValueError(f"scale_rewards={self.scale_rewards!r} is not valid; "
                              f"choose one of {list(F.ADVANTAGE_SCALES)}")
-        if self.group_size < 1:
-            raise ValueError(f"group_size must be >= 1, got {self.group_size}")
+        if self.group_size < 2:
+            raise ValueError(f"group_size must be >= 2 for the GRPO family (advantages are relative to the "
+                             f"other samples of the same prompt), got {self.group_size}")
         if self.batch_size < 1 or self.update_epochs < 1:
             raise ValueError(f"batch_size and update_epochs must be >= 1, got {self.batch_size}, "
                              f"{self.update_epochs}")

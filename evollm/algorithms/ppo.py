@@ -63,6 +63,7 @@ class LLMPPOConfig(AgentConfig):
     adv_whitening: bool = True
 
     def validate(self) -> None:
+        super().validate()
         self.lr_actor = self.lr if self.lr_actor is None else self.lr_actor
         self.lr = self.lr_actor
         self.lr_critic = self.lr_actor if self.lr_critic is None else self.lr_critic

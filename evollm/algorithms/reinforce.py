@@ -41,6 +41,7 @@ class LLMREINFORCEConfig(AgentConfig):
     action_granularity: str = "turn"
 
     def validate(self) -> None:
+        super().validate()
         if self.action_granularity not in GRANULARITIES:
             raise ValueError(f"action_granularity={self.action_granularity!r}; choose one of {list(GRANULARITIES)}")
         if self.batch_size < 1 or self.update_epochs < 1 or self.group_size < 1:
