@@ -21,10 +21,10 @@ def test_population_run_with_vllm_rollouts_learns(tmp_path):
     from evollm.training.loop import finetune_llm_reasoning
 
     model, tok = tiny_vllm_model(os.environ.get("EVOLLM_CACHE") or str(tmp_path / "cache"))
-    train, _ = arithmetic_dataset(n_train=16, n_test=4, digits=(2, 2), seed=3)
-    env = ReasoningGym(train, train.select(range(8)), tok, exact_match_reward, ARITHMETIC_TEMPLATE,
+    train, _ = arithmetic_dataset(n_train=8, n_test=4, digits=(1, 1), seed=3)  # 8 questions, seen every step
+    env = ReasoningGym(train, train, tok, exact_match_reward, ARITHMETIC_TEMPLATE,
                        data_batch_size_per_gpu=8, seed=0)
-    hp = HyperparameterConfig(lr=RLParameter(min=1e-3, max=1e-2), lora_rank=RLParameter(min=4, max=16, dtype=int))
+    hp = HyperparameterConfig(lr=RLParameter(min=2e-3, max=6e-3), lora_rank=RLParameter(min=4, max=16, dtype=int))
     pop = GRPO.population(2, actor_network=model, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
                           hp_config=hp, group_size=8, lr=5e-3, batch_size=64, max_output_tokens=4)
 
@@ -48,7 +48,7 @@ def test_population_run_with_vllm_rollouts_learns(tmp_path):
     assert engine.stats["integrity_checks"] > 0 and engine.stats["integrity_max_diff"] < 1e-3
     rewards = [sum(m["mean_reward"] for m in step.values()) / len(step) for step in record.steps]
     first, last = sum(rewards[:6]) / 6, sum(rewards[-6:]) / 6
-    assert last > first + 0.05, rewards  # the std of a 6-step mean is ~0.01 here
+    assert last > first + 0.15, rewards  # HF rollouts, same settings: 0.07 -> 0.33
     mismatch = [m["sampler_logp_diff_max"] for step in record.steps for m in step.values()]
     assert mismatch and max(mismatch) < 1e-3  # float32 engine: trainer and sampler agree, weights ~1
     ratios = [m["sampler_is_ratio_mean"] for step in record.steps for m in step.values()]
