@@ -385,7 +385,7 @@ class RunConfig(Section):
                                   "LoRA id; pip install evollm[vllm]). Single-turn tasks.", choices=("hf", "vllm"))
     vllm: dict[str, Any] = option({}, "vLLM engine settings (evollm.rollout.vllm_engine.VLLMSettings: mode, dtype, "
                                   "gpu_memory_utilization, enable_sleep_mode, max_lora_rank, max_model_len, "
-                                  "integrity_check_interval, integrity_atol, server_url, ...).",
+                                  "integrity_check_interval, integrity_atol, ...).",
                                   when={"rollout_backend": ("vllm",)})
 
     @classmethod

@@ -39,7 +39,7 @@ import torch
 
 #: LoRA ranks vLLM accepts as ``max_lora_rank``.
 VLLM_LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)
-MODES = ("colocate", "server")
+MODES = ("colocate",)
 
 
 class EngineMismatchError(RuntimeError):
@@ -51,9 +51,8 @@ class VLLMSettings:
     """Settings of the vLLM rollout backend (``rollout_backend: vllm`` plus the ``vllm:`` section).
 
     Attributes:
-        mode: ``colocate`` (the engine lives in the training process and shares its device) or
-            ``server`` (a ``vllm serve`` process reached at ``server_url``; adapters are exchanged
-            through ``adapter_dir``, which both must see).
+        mode: ``colocate``: the engine lives in the training process and shares its device. (A
+            ``server`` mode, a ``vllm serve`` process with runtime LoRA loading, is not built yet.)
         model_path: Folder or hub id of the base weights the engine loads; ``None``: the base's own
             ``name_or_path`` when it is a local folder, else the in-memory base is exported once.
             The integrity check catches a path whose weights differ from the trainer's base.
@@ -75,8 +74,6 @@ class VLLMSettings:
         integrity_atol: Largest tolerated |engine - trainer| log-prob on the probe; ``None``: 1e-3 in
             float32, 0.1 in 16-bit dtypes.
         adapter_dir: Where adapters are written for the engine; ``None``: a temporary folder.
-        server_url: Base URL of the server (server mode), e.g. ``http://localhost:8000``.
-        server_timeout_s: Seconds to wait for the server (server mode).
         seed: Seed of the engine's sampling RNG.
         engine_kwargs: Further ``vllm.LLM`` keyword arguments.
     """
@@ -94,16 +91,13 @@ class VLLMSettings:
     integrity_check_interval: int = 1
     integrity_atol: float | None = None
     adapter_dir: str | None = None
-    server_url: str | None = None
-    server_timeout_s: float = 240.0
     seed: int = 0
     engine_kwargs: dict = field(default_factory=dict)
 
     def validate(self) -> None:
         if self.mode not in MODES:
-            raise ValueError(f"vllm.mode={self.mode!r} is not valid; choose one of {list(MODES)}")
-        if self.mode == "server" and not self.server_url:
-            raise ValueError("vllm.mode=server needs vllm.server_url (e.g. http://localhost:8000)")
+            raise ValueError(f"vllm.mode={self.mode!r} is not valid; choose one of {list(MODES)} (server mode is "
+                             "not built yet)")
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError(f"vllm.gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.integrity_check_interval < 0:
@@ -206,11 +200,7 @@ class VLLMEngine:
         self.max_lora_rank = supported_lora_rank(s.max_lora_rank or max_rank)
         self.max_loras = int(s.max_loras or population_size)
         t0 = time.perf_counter()
-        if s.mode == "server":
-            from .vllm_server import ServerBackend
-            self.backend = ServerBackend(s)
-        else:
-            self.backend = _ColocatedBackend(self._build_llm())
+        self.backend = _ColocatedBackend(self._build_llm())
         self.stats["start_s"] = time.perf_counter() - t0
 
     # ------------------------------------------------------------------ construction
