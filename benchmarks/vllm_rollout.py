@@ -60,6 +60,7 @@ def main() -> None:
 
     swap_wall, swap_cpu = [], []
     member = pop[0]
+    engine.settings.integrity_check_interval = 0  # swap alone; the check is timed below
     for _ in range(args.swaps):
         with torch.no_grad():
             for p in member.shared.parameters(member.adapter_name()):
@@ -67,6 +68,9 @@ def main() -> None:
         _, w, c = timed(lambda: engine.sync([member], release_others=False))
         swap_wall.append(w)
         swap_cpu.append(c)
+
+    checks = [timed(lambda: engine.check([member]))[1:] for _ in range(5)]
+    engine.settings.integrity_check_interval = 1
 
     def run(backend: str, n: int):
         members = pop[:n]
@@ -90,9 +94,13 @@ def main() -> None:
     result = {"machine": {"cpus": os.cpu_count(), "load_avg": os.getloadavg()[0], "torch": torch.__version__},
               "settings": vars(args), "engine_start_s": {"wall": start_wall, "cpu": start_cpu},
               "swap_ms": {"wall_median": 1e3 * statistics.median(swap_wall), "cpu_median": 1e3 * statistics.median(swap_cpu)},
+              "integrity_check_ms": {"wall_median": 1e3 * statistics.median(c[0] for c in checks),
+                                     "cpu_median": 1e3 * statistics.median(c[1] for c in checks)},
               "rollout": []}
     print(f"engine start: {start_wall:.1f} s wall, {start_cpu:.1f} s CPU; adapter swap (save + add_lora + "
-          f"remove_lora): {result['swap_ms']['wall_median']:.1f} ms wall, {result['swap_ms']['cpu_median']:.1f} ms CPU")
+          f"remove_lora): {result['swap_ms']['wall_median']:.1f} ms wall, {result['swap_ms']['cpu_median']:.1f} ms CPU; "
+          f"integrity check of one member: {result['integrity_check_ms']['wall_median']:.1f} ms wall, "
+          f"{result['integrity_check_ms']['cpu_median']:.1f} ms CPU; load average {result['machine']['load_avg']:.1f}")
     print("\n| backend | members | tokens | wall s | CPU s | tokens/s wall | tokens/s CPU |\n|---|---|---|---|---|---|---|")
     for (backend, n), runs in rows.items():
         tokens = statistics.median(r[0] for r in runs)

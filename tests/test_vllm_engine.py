@@ -133,3 +133,25 @@ def test_integrity_check_fails_loudly_when_the_engine_serves_stale_weights(serve
     engine._registered[member.adapter_name()].fingerprint = ()
     engine.sync([member], release_others=False)
     assert engine.check([member]) < 1e-3
+
+
+def test_members_with_different_sampling_settings_share_one_engine_call(served):
+    from evollm.rollout import generate_population
+
+    pop, tok, engine = served
+    live = [a for a in pop if not a.released]
+    live[0].set_hyperparameter("temperature", 0.5)
+    calls = []
+    generate = engine.backend.generate
+    engine.backend.generate = lambda *args: calls.append(len(args[0])) or generate(*args)
+    try:
+        ids, mask = _prompts(2)
+        rollouts = generate_population(live, [{"input_ids": ids[i][mask[i].bool()]} for i in range(2)])
+    finally:
+        engine.backend.generate = generate
+        live[0].set_hyperparameter("temperature", 1.0)
+    assert len(calls) == 1 and calls[0] == 2 * len(live)  # one call, every member's prompt rows
+    for a in live:
+        r = rollouts[a.index]
+        assert r.sequences.shape[0] == 2 * a.config.group_size and r.sampler_logp is not None
+        assert torch.all(r.sampler_logp[r.action_mask.bool()] < 0)

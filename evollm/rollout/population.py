@@ -56,23 +56,34 @@ def generate_population(agents: Sequence, prompts: Sequence[dict], training: boo
         return group_size if group_size is not None else agent.config.group_size
 
     out: dict[int, Rollout] = {}
-    for (_, sampling, pad_id, eos_id), members in sampling_groups(agents, training, group_of).items():
-        ids, mask = collate_prompts(prompts, pad_id)
+    groups = list(sampling_groups(agents, training, group_of).items())
+    jobs: dict[int, list] = defaultdict(list)  # engine id -> the groups it samples, in ONE call
+    for key, members in groups:
+        ids, mask = collate_prompts(prompts, key[2])
         n = len(members)
-        rows = ids.shape[0] * sampling.num_return_sequences
-        engine = engine_of(members[0].shared)  # rollout_backend="vllm": one engine call, every member a LoRA id
+        job = (members, ids.repeat(n, 1), mask.repeat(n, 1), [ids.shape[0]] * n, key[1], key[2], key[3])
+        engine = engine_of(members[0].shared)  # rollout_backend="vllm": every member a LoRA id of one engine
         if engine is not None:
-            seqs, sampler_logp = engine.generate_for_members(members, ids.repeat(n, 1), mask.repeat(n, 1),
-                                                             [ids.shape[0]] * n, sampling, pad_id, eos_id)
+            jobs[id(engine)].append((engine, job, mask))
         else:
-            seqs, sampler_logp = generate_for_members(members, ids.repeat(n, 1), mask.repeat(n, 1),
-                                                      [ids.shape[0]] * n, sampling, pad_id, eos_id), None
-        for i, member in enumerate(members):
-            s = seqs[i * rows:(i + 1) * rows]
-            out[member.index] = Rollout(s, sequence_attention_mask(s, mask), action_mask_for(s, ids.shape[1], eos_id),
-                                        ids.shape[1], sampling.num_return_sequences,
-                                        None if sampler_logp is None else sampler_logp[i * rows:(i + 1) * rows])
+            _split(out, members, generate_for_members(*job), None, mask, key[1], key[3])
+    for items in jobs.values():
+        results = items[0][0].generate_jobs([job for _, job, _ in items])
+        for (_, job, mask), (seqs, sampler_logp) in zip(items, results):
+            _split(out, job[0], seqs, sampler_logp, mask, job[4], job[6])
     return out
+
+
+def _split(out: dict, members: Sequence, seqs: torch.Tensor, sampler_logp, mask: torch.Tensor,
+           sampling: SamplingConfig, eos_id) -> None:
+    """One :class:`Rollout` per member from a generate over contiguous member blocks."""
+    prompt_len = mask.shape[1]
+    rows = mask.shape[0] * sampling.num_return_sequences
+    for i, member in enumerate(members):
+        s = seqs[i * rows:(i + 1) * rows]
+        out[member.index] = Rollout(s, sequence_attention_mask(s, mask), action_mask_for(s, prompt_len, eos_id),
+                                    prompt_len, sampling.num_return_sequences,
+                                    None if sampler_logp is None else sampler_logp[i * rows:(i + 1) * rows])
 
 
 def evaluate_population(agents: Sequence, env, record: bool = True) -> list[float]:

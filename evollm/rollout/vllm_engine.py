@@ -354,30 +354,42 @@ class VLLMEngine:
         prompt + completion ids right-padded with ``pad_token_id``, and the engine's log-prob of
         every generated token at the position that predicts it (0 elsewhere).
         """
+        return self.generate_jobs([(members, input_ids, attention_mask, counts, sampling, pad_token_id,
+                                    eos_token_id)])[0]
+
+    def generate_jobs(self, jobs: Sequence[tuple]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Several :meth:`generate_for_members` jobs (e.g. members with different sampling settings)
+        in ONE engine call: every request carries its own ``SamplingParams`` and ``LoRARequest``."""
+        first_ids, first_mask = jobs[0][1], jobs[0][2]
         if self.probe is None:  # the first real prompt (padding stripped) becomes the integrity probe
-            self.probe = input_ids[0][attention_mask[0].bool()].tolist() or None
-        self.sync(members, release_others=False)
-        eos = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id or [])
-        reps = sampling.num_return_sequences
-        requests, owner = [], []
-        row = 0
-        for member, count in zip(members, counts):
-            name = member.adapter_name("actor")
-            for r in range(row, row + count):
-                requests.append((input_ids[r][attention_mask[r].bool()].tolist(), name))
-            row += count
-        outs = self.backend.generate(requests, self._registered, _sampling_params(sampling, eos, reps))
-        width = input_ids.shape[1]
-        seqs = torch.full((len(requests) * reps, width + sampling.max_new_tokens), pad_token_id, dtype=torch.long)
-        logp = torch.zeros((seqs.shape[0], seqs.shape[1] - 1), dtype=torch.float32)
-        for i, samples in enumerate(outs):
-            for j, (tokens, lps) in enumerate(samples):
-                k = i * reps + j
-                seqs[k, :width] = input_ids[i]
-                n = len(tokens)
-                seqs[k, width:width + n] = torch.tensor(tokens, dtype=torch.long)
-                logp[k, width - 1:width - 1 + n] = torch.tensor(lps, dtype=torch.float32)
-        return seqs, logp
+            self.probe = first_ids[0][first_mask[0].bool()].tolist() or None
+        self.sync([m for job in jobs for m in job[0]], release_others=False)
+        requests, params, spans = [], [], []
+        for members, input_ids, attention_mask, counts, sampling, _, eos_token_id in jobs:
+            eos = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id or [])
+            job_params = _sampling_params(sampling, eos, sampling.num_return_sequences)
+            start, row = len(requests), 0
+            for member, count in zip(members, counts):
+                name = member.adapter_name("actor")
+                for r in range(row, row + count):
+                    requests.append((input_ids[r][attention_mask[r].bool()].tolist(), name))
+                    params.append(job_params)
+                row += count
+            spans.append((start, len(requests)))
+        outs = self.backend.generate(requests, self._registered, params)
+        results = []
+        for (start, stop), (_, input_ids, _, _, sampling, pad_token_id, _) in zip(spans, jobs):
+            reps, width = sampling.num_return_sequences, input_ids.shape[1]
+            seqs = torch.full(((stop - start) * reps, width + sampling.max_new_tokens), pad_token_id, dtype=torch.long)
+            logp = torch.zeros((seqs.shape[0], seqs.shape[1] - 1), dtype=torch.float32)
+            for i, samples in enumerate(outs[start:stop]):
+                for j, (tokens, lps) in enumerate(samples):
+                    k, n = i * reps + j, len(tokens)
+                    seqs[k, :width] = input_ids[i]
+                    seqs[k, width:width + n] = torch.tensor(tokens, dtype=torch.long)
+                    logp[k, width - 1:width - 1 + n] = torch.tensor(lps, dtype=torch.float32)
+            results.append((seqs, logp))
+        return results
 
     def close(self) -> None:
         self.backend.close()
@@ -439,11 +451,14 @@ class _ColocatedBackend:
             self.llm.sleep(level=1)
             self.sleeping = True
 
-    def generate(self, requests, registered: dict, params: dict) -> list[list[tuple[list[int], list[float]]]]:
+    def generate(self, requests, registered: dict, params) -> list[list[tuple[list[int], list[float]]]]:
+        """``params``: one dict of ``SamplingParams`` keywords for all requests, or one per request."""
         from vllm import SamplingParams
 
         self._wake()
-        outs = self.llm.generate([{"prompt_token_ids": ids} for ids, _ in requests], SamplingParams(**params),
+        sampling = ([SamplingParams(**p) for p in params] if isinstance(params, (list, tuple))
+                    else SamplingParams(**params))
+        outs = self.llm.generate([{"prompt_token_ids": ids} for ids, _ in requests], sampling,
                                  lora_request=[self._request(name, registered) for _, name in requests],
                                  use_tqdm=False)
         self._sleep()
