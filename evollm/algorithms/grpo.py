@@ -122,7 +122,7 @@ class GRPO(LLMAgent):
         for i, agent in enumerate(agents):
             c = agent.config
             groups.setdefault((id(agent.shared), c.update_epochs, c.batch_size, c.temperature, c.logprob_chunk_rows,
-                               agent.pad_token_id), []).append(i)
+                               agent.pad_token_id, c.disable_dropout), []).append(i)
         for members in groups.values():
             out = grpo_update([agents[i] for i in members], [experiences[i] for i in members])
             results.update(zip(members, out))
@@ -184,7 +184,7 @@ def _joint_logprobs(agents, seqs, attn, rows_each: int, grad: bool, reference: b
     """Log-probs of concatenated row blocks, block ``i`` under ``agents[i]`` (or the reference)."""
     a0, c = agents[0], agents[0].config
     return member_logprobs(a0.shared, [a.adapter_name("actor") for a in agents], seqs, attn, rows_each, grad,
-                           reference, c.temperature, c.logprob_chunk_rows, c.logits_budget_mb)
+                           reference, c.temperature, c.logprob_chunk_rows, c.logits_budget_mb, c.disable_dropout)
 
 
 def _fits_one_forward(agents, tokens: int) -> bool:

@@ -408,12 +408,23 @@ def _max_rank(members: Sequence) -> int:
 
 
 def _sampling_params(sampling, eos: list[int], reps: int) -> dict:
-    """vLLM ``SamplingParams`` keywords for an evollm ``SamplingConfig``."""
-    kw = dict(max_tokens=sampling.max_new_tokens, n=reps, logprobs=0, stop_token_ids=eos, detokenize=False)
+    """vLLM ``SamplingParams`` keywords for an evollm ``SamplingConfig`` (the policy contract: only
+    what evollm decides; opt-in ``extra`` fields pass through under vLLM's name, else a one-line
+    error). Stop strings are applied by evollm's action masks (the engine runs without a tokenizer)."""
+    from vllm import SamplingParams
+
+    kw = dict(max_tokens=sampling.max_new_tokens, n=reps, logprobs=0, stop_token_ids=list(eos), detokenize=False,
+              min_tokens=0, ignore_eos=False)
     if sampling.do_sample:
         kw.update(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k or 0)
     else:
         kw.update(temperature=0.0)
+    valid = set(getattr(SamplingParams, "__struct_fields__", ()))  # a msgspec Struct
+    for name, value in getattr(sampling, "extra", ()):
+        if valid and name not in valid:
+            raise ValueError(f"generation setting {name!r} has no vLLM SamplingParams equivalent; remove it or use "
+                             "rollout_backend='hf'")
+        kw[name] = value
     return kw
 
 
