@@ -141,6 +141,7 @@ def test_members_with_different_sampling_settings_share_one_engine_call(served):
     pop, tok, engine = served
     live = [a for a in pop if not a.released]
     live[0].set_hyperparameter("temperature", 0.5)
+    engine.sync(live)  # registrations (and their integrity probes) done before counting
     calls = []
     generate = engine.backend.generate
     engine.backend.generate = lambda *args: calls.append(len(args[0])) or generate(*args)
