@@ -8,6 +8,7 @@ Each step: every member collects experience and learns (``train_step``); every
 from __future__ import annotations
 
 import math
+import time
 import warnings
 from pathlib import Path
 from typing import Callable, Sequence
@@ -18,6 +19,7 @@ from tqdm.auto import tqdm
 from .. import distributed as dist
 from ..population import Population
 from ..rollout import evaluate_population, generate_population
+from ..run.measure import member_tokens, with_costs
 from .callbacks import Callback, LoopState, call
 from .data_parallel import evaluate_data_parallel, seed_sampling
 
@@ -71,6 +73,7 @@ def evolve(pop: Sequence, train_step: Callable[[list, int], dict[int, dict]],
     for step in bar:
         torch.manual_seed(seed + step)
         metrics = dist.reduce_metrics([a.index for a in agents], train_step(agents, step))
+        record.record_step(step + 1, metrics)
         for agent in agents:
             m = metrics.get(agent.index, {})
             agent.scores.append(m.get("mean_reward", math.nan))
@@ -81,7 +84,9 @@ def evolve(pop: Sequence, train_step: Callable[[list, int], dict[int, dict]],
         state.step, state.agents = done, agents
         call(callbacks, "on_step_end", state, metrics)
         if done % evaluation_interval == 0 or done == max_steps:
+            started = time.perf_counter()
             fitness = evaluate(agents)
+            record.record_evaluation_time(done, time.perf_counter() - started)
             for i, agent in enumerate(agents):
                 if getattr(agent, "quarantined", False):
                     fitness[i] = agent.fitness[-1] = -math.inf
@@ -201,7 +206,9 @@ def finetune_llm_reasoning(pop: Sequence, env, max_steps: int, evaluation_interv
     def train_step(agents, step):
         prompts = dist.shard(env.reset())  # multi-process: this process's share of the global batch
         seed_sampling(seed, step)
+        started = time.perf_counter()
         rollouts = generate_population([a for a in agents if not getattr(a, "quarantined", False)], prompts)
+        generated = time.perf_counter()
         active = [a for a in agents if a.index in rollouts]
         experiences = []
         for agent in active:
@@ -212,7 +219,10 @@ def finetune_llm_reasoning(pop: Sequence, env, max_steps: int, evaluation_interv
                 exp = exp + (rollout.sampler_logp,)
             experiences.append(exp)
         env.step_to_next_batch()
-        return dict(zip([a.index for a in active], learn_all(active, experiences)))
+        learnt = time.perf_counter()
+        metrics = dict(zip([a.index for a in active], learn_all(active, experiences)))
+        return with_costs(metrics, member_tokens(active, [e[1] for e in experiences]), generated - started,
+                          time.perf_counter() - learnt)
 
     return evolve(pop, train_step, lambda agents: evaluate_data_parallel(agents, env, evaluate_population),
                   max_steps=max_steps,
