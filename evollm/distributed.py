@@ -155,16 +155,27 @@ def agree(obj: Any, what: str) -> None:
 
 
 def reduce_metrics(indices: Sequence[int], metrics: dict[int, dict]) -> dict[int, dict]:
-    """Mean of every member's numeric step metrics over processes (same keys on every process)."""
+    """Every member's numeric step metrics over processes (same keys on every process): float
+    metrics are averaged, integer ones (counts such as generated tokens) are summed and stay int."""
     if not is_distributed():
         return metrics
-    keys = sorted({k for i in indices for k, v in metrics.get(i, {}).items() if isinstance(v, (int, float))})
-    keys = broadcast_object(keys)
-    table = [[float(metrics.get(i, {}).get(k, float("nan"))) for k in keys] for i in indices]
-    reduced = all_reduce_mean(table).tolist() if table and keys else []
+    kinds = {}
+    for i in indices:
+        for k, v in metrics.get(i, {}).items():
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                kinds[k] = "float" if isinstance(v, float) or kinds.get(k) == "float" else "int"
+    kinds = broadcast_object(sorted(kinds.items()))
+    if not kinds or not indices:
+        return metrics
+    table = [[float(metrics.get(i, {}).get(k, float("nan"))) for k, _ in kinds] for i in indices]
+    summed = all_reduce_sum(table).tolist()
     out = {i: dict(metrics.get(i, {})) for i in indices}
-    for i, row in zip(indices, reduced):
-        out[i].update(zip(keys, row))
+    for i, row in zip(indices, summed):
+        for (k, kind), total in zip(kinds, row):
+            if kind == "int" and total == total:  # not NaN
+                out[i][k] = int(round(total))
+            else:
+                out[i][k] = total / num_processes()
     return out
 
 
