@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+from . import distributed as dist
 from .config import ALGORITHMS, algorithm_class  # noqa: F401  (re-exported)
 from .schema import ConfigError
 
@@ -74,11 +75,13 @@ def train(config_path: str, overrides: list[str] | None = None, quiet: bool = Fa
     """``evollm train``: a new run in ``output_dir`` (see :func:`run`)."""
     from .config import RunConfig
 
+    dist.init()  # under `accelerate launch`: one process per device, the population on each
     cfg = RunConfig.from_yaml(config_path, overrides)  # every setting is checked before any model is built
     out = Path(cfg.output_dir)
-    prepare_output_dir(out, overwrite)
-    out.mkdir(parents=True, exist_ok=True)
-    write_json(out / RUN_CONFIG, cfg.to_dict(explicit=True))
+    if dist.is_main_process():  # only the main process writes the run directory
+        prepare_output_dir(out, overwrite)
+        out.mkdir(parents=True, exist_ok=True)
+        write_json(out / RUN_CONFIG, cfg.to_dict(explicit=True))
     return run(cfg, resume=False, quiet=quiet)
 
 
@@ -121,6 +124,8 @@ def run(cfg, resume: bool, quiet: bool = False) -> dict:
 
     from .config import build_hpo, build_model
 
+    dist.init()
+    main = dist.is_main_process()
     run_config = cfg.to_dict(explicit=True)
     cfg.resolve_paths()
     from .models.loading import set_threads
@@ -128,9 +133,12 @@ def run(cfg, resume: bool, quiet: bool = False) -> dict:
     set_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
     out = Path(cfg.output_dir)
-    write_json(out / "config.json", cfg.to_dict())
+    if main:  # only the main process writes the run directory
+        write_json(out / "config.json", cfg.to_dict())
     t0 = time.perf_counter()
     model, tokenizer = build_model(cfg.model, cfg.seed, cfg.task.name)
+    if dist.is_distributed():
+        model.to(dist.device())
     hp_config, mutation, selection = build_hpo(cfg)
     members = build_population(cfg, model, tokenizer, hp_config)
     evo_steps = cfg.train.evo_steps
@@ -139,10 +147,17 @@ def run(cfg, resume: bool, quiet: bool = False) -> dict:
                  "checkpoint_dir": str(out / "checkpoints"), "checkpoint_every": cfg.train.checkpoint_interval(),
                  "keep_checkpoints": cfg.train.keep_checkpoints, "resume": resume, "run_config": run_config,
                  "max_time": cfg.train.max_time}
-    train_cfg["callbacks"] = run_callbacks(cfg, out)
+    train_cfg["callbacks"] = run_callbacks(cfg, out) if main else []  # only the main process writes
     env_type = cfg.env.type
-    print(f"evollm: {len(members)} x {type(members[0]).__name__} on one shared base "
-          f"({sum(p.numel() for p in members[0].shared.base_parameters()):,} base parameters), env={env_type}")
+    if env_type != "reasoning" and dist.is_distributed():
+        raise ValueError(f"env.type={env_type!r}: multi-process training supports env.type 'reasoning' only")
+    if cfg.rollout_backend != "hf":
+        if env_type != "reasoning":
+            raise ValueError(f"rollout_backend={cfg.rollout_backend!r} supports env.type 'reasoning' only")
+        train_cfg.update(rollout_backend=cfg.rollout_backend, vllm=cfg.vllm)
+    say = print if main else (lambda *a, **k: None)
+    say(f"evollm: {len(members)} x {type(members[0]).__name__} on one shared base "
+        f"({sum(p.numel() for p in members[0].shared.base_parameters()):,} base parameters), env={env_type}")
     if env_type == "reasoning":
         from .runners import run_reasoning
         result = run_reasoning(cfg, members, tokenizer, train_cfg, evo_steps, selection, mutation, quiet)
@@ -152,6 +167,9 @@ def run(cfg, resume: bool, quiet: bool = False) -> dict:
     else:
         raise ValueError(f"env.type={env_type!r} is not valid; choose one of ['reasoning', 'multiturn']")
     agents, population = result["agents"], result["population"]
+    result["num_processes"] = dist.num_processes()
+    if not main:
+        return {k: v for k, v in result.items() if k not in ("agents", "population")}
     paths = population.write(out, plots=False)  # the plots are already drawn by the run-files writer
     paths.update({p.stem + "_plot": p for p in sorted(out.glob("*.png"))})
     best = population.best()

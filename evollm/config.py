@@ -473,6 +473,13 @@ class RunConfig(Section):
     train: TrainSection = option(default_factory=TrainSection, help="Loop and checkpoint settings.")
     logging: LoggingSection = option(default_factory=LoggingSection, help="Live logging (TensorBoard, W&B, "
                                      "MLflow) and plots.")
+    rollout_backend: str = option("hf", "What samples rollouts and evaluations: 'hf' (transformers generate on the "
+                                  "shared PEFT model) or 'vllm' (ONE vLLM engine for the population, every member a "
+                                  "LoRA id; pip install evollm[vllm]). Single-turn tasks.", choices=("hf", "vllm"))
+    vllm: dict[str, Any] = option({}, "vLLM engine settings (evollm.rollout.vllm_engine.VLLMSettings: mode, dtype, "
+                                  "gpu_memory_utilization, enable_sleep_mode, max_lora_rank, max_model_len, "
+                                  "integrity_check_interval, integrity_atol, ...).",
+                                  when={"rollout_backend": ("vllm",)})
 
     @classmethod
     def from_dict(cls, data: Any, where: str = "") -> "RunConfig":

@@ -19,6 +19,7 @@ from peft import LoraConfig
 
 from ..adapters.routing import check_adapter_layers, check_lora_config
 from ..adapters.shared import SharedBase, default_lora_config
+from ..distributed import all_reduce_gradients
 from ..rollout import SamplingConfig, collate_prompts, eos_ids, forward_logprobs
 from ..rollout.sampling import check_extra
 
@@ -286,6 +287,10 @@ class LLMAgent:
         """Free this member's adapters and optimizer state (the shared base is untouched)."""
         if self.released:
             return
+        from ..rollout.vllm_engine import engine_of
+        engine = engine_of(self.shared)
+        if engine is not None:  # rollout_backend="vllm": the engine drops the member's LoRA id too
+            engine.release(self.adapter_name("actor"))
         for role in self.ROLES:
             self.shared.delete_adapter(self.adapter_name(role))
         self.optimizer = None
@@ -329,7 +334,9 @@ class LLMAgent:
         return self.clip_and_step(params)
 
     def clip_and_step(self, params: list[torch.nn.Parameter]) -> float:
-        """Clip the gradients of ``params`` to ``max_grad_norm`` and step. Returns the norm before clipping."""
+        """Clip the gradients of ``params`` to ``max_grad_norm`` and step. Returns the norm before clipping.
+        Under a multi-process launch the gradients are first averaged over processes."""
+        all_reduce_gradients(params)
         max_norm = self.config.max_grad_norm
         norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm else float("inf"))
         self.optimizer.step()

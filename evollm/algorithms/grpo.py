@@ -28,9 +28,20 @@ class GRPOConfig(AgentConfig):
     lr: float = 5e-5
     beta: float = 0.0
     clip_coef: float | tuple[float, float] = 0.2
+    #: correction of a sampler/trainer mismatch when the rollouts carry the sampling engine's log-probs
+    #: (``rollout_backend="vllm"``): TRL's ``vllm_importance_sampling_mode`` (token_truncate, token_mask,
+    #: sequence_truncate, sequence_mask) or ``"none"``; see :func:`evollm.functional.sampler_importance_weights`
+    sampler_correction: str = "token_truncate"
+    #: upper bound C of the importance weight (TRL's ``vllm_importance_sampling_cap``); None: no bound
+    sampler_correction_cap: float | None = 2.0
+    #: lower bound of the importance weight; None: no bound
+    sampler_correction_floor: float | None = None
 
     def validate(self) -> None:
         super().validate()
+        if self.sampler_correction not in F.SAMPLER_CORRECTIONS + ("none",):
+            raise ValueError(f"sampler_correction={self.sampler_correction!r} is not valid; choose one of "
+                             f"{list(F.SAMPLER_CORRECTIONS) + ['none']}")
         if self.loss_type not in F.LOSS_TYPES:
             raise ValueError(f"loss_type={self.loss_type!r} is not valid; choose one of {list(F.LOSS_TYPES)}")
         if self.scale_rewards not in F.ADVANTAGE_SCALES:
@@ -62,6 +73,7 @@ class GRPO(LLMAgent):
     """
 
     config_cls = GRPOConfig
+    USES_SAMPLER_LOGP = True  # learn() takes the sampling engine's log-probs as a 4th experience element
     MUTABLE = LLMAgent.MUTABLE + ("loss_type", "scale_rewards", "group_size")
 
     def set_hyperparameter(self, name: str, value) -> None:
@@ -106,7 +118,9 @@ class GRPO(LLMAgent):
 
     # ------------------------------------------------------------------ learning
     def learn(self, experiences) -> dict[str, float]:
-        """One GRPO update from ``(completion_ids, action_masks, rewards)``.
+        """One GRPO update from ``(completion_ids, action_masks, rewards)``, or
+        ``(completion_ids, action_masks, rewards, sampler_logp)`` when a sampling engine (vLLM) produced
+        the completions: its log-probs ``[P*G, L-1]`` then drive the ``sampler_correction``.
 
         ``completion_ids``/``action_masks``: per-prompt lists as returned by :meth:`get_action` (or
         stacked ``[P*G, L]`` / ``[P*G, L-1]`` tensors); ``rewards``: ``[P, G]``.
@@ -163,10 +177,12 @@ class _Prepared:
     rewards: torch.Tensor
     old: torch.Tensor | None = None
     ref: torch.Tensor | None = None
+    sampler: torch.Tensor | None = None  # the sampling engine's log-probs, when they came with the rollout
 
 
 def _prepare(agent: GRPO, experiences) -> _Prepared:
-    completion_ids, action_masks, rewards = experiences
+    completion_ids, action_masks, rewards = experiences[:3]
+    sampler = experiences[3] if len(experiences) > 3 and agent.config.sampler_correction != "none" else None
     seqs = stack_rows(completion_ids, agent.pad_token_id)
     mask = stack_rows(action_masks, 0).to(seqs.device)
     rewards = torch.as_tensor(rewards, dtype=torch.float32).reshape(-1)
@@ -176,7 +192,8 @@ def _prepare(agent: GRPO, experiences) -> _Prepared:
     if rewards.numel() % c.group_size:
         raise ValueError(f"{rewards.numel()} rewards do not split into groups of group_size={c.group_size}")
     return _Prepared(seqs, attention_from_sequences(seqs, agent.pad_token_id), mask,
-                     F.group_advantages(rewards, c.group_size, scale=c.scale_rewards), rewards)
+                     F.group_advantages(rewards, c.group_size, scale=c.scale_rewards), rewards,
+                     sampler=None if sampler is None else stack_rows(sampler, 0).float())
 
 
 def _joint_logprobs(agents, seqs, attn, rows_each: int, grad: bool, reference: bool = False) -> torch.Tensor:
@@ -247,6 +264,8 @@ def grpo_update(agents: Sequence[GRPO], experiences: Sequence) -> list[dict[str,
             b.seqs = torch.nn.functional.pad(b.seqs, (0, extra), value=pad)
             b.attn = torch.nn.functional.pad(b.attn, (0, extra), value=1)
             b.mask = torch.nn.functional.pad(b.mask, (0, extra), value=0)
+            if b.sampler is not None:
+                b.sampler = torch.nn.functional.pad(b.sampler, (0, extra), value=0.0)
     c0 = agents[0].config
     chunks = member_chunks(agents, min(c0.batch_size, rows_total), width)
     groups = [([agents[i] for i in ch], [batches[i] for i in ch]) for ch in chunks]
@@ -298,10 +317,17 @@ def _learn_chunk(agents, batches, rows, stats) -> None:
     total = 0.0
     for a, b, r, lp, st in zip(agents, batches, rows, logp.split(len(rows[0])), stats):
         c, m = a.config, b.mask[r].to(lp.device)
+        old = b.old[r] if b.old is not None else lp.detach()
+        weights = None
+        if b.sampler is not None:  # the engine sampled: correct its mismatch with the trainer
+            weights, ist = F.sampler_importance_weights(old, b.sampler[r].to(lp.device), m, c.sampler_correction,
+                                                        c.sampler_correction_cap, c.sampler_correction_floor)
+            for k, v in ist.items():
+                st.setdefault(f"sampler_{k}", []).append(v)
         loss, s = F.policy_loss_with_stats(
-            lp, b.old[r] if b.old is not None else lp.detach(), b.advantages[r].to(lp.device), m,
+            lp, old, b.advantages[r].to(lp.device), m,
             loss_type=c.loss_type, clip=c.clip_bounds(), ref_logp=b.ref[r] if b.ref is not None else None,
-            beta=c.beta, max_completion_length=c.max_output_tokens)
+            beta=c.beta, max_completion_length=c.max_output_tokens, is_weights=weights)
         total = total + loss
         st["loss"].append(float(loss.detach()))
         st["kl"].append(s["kl"])

