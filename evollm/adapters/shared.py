@@ -221,6 +221,10 @@ class SharedBase:
             fastlora.install(layers, self._fast)
             self._fast_support[name] = fastlora.support(layers, name)
         verdict = self._fast_support[name]
+        if getattr(self.peft_model.get_base_model(), "is_gradient_checkpointing", False):
+            # backward recomputes the forward after use() has returned: the active adapter must persist,
+            # as PEFT's set_adapter does, not be restored on exit as the fast forward's member is
+            return False
         return verdict == "yes" or (verdict == "eval" and not self.peft_model.training)
 
     @contextlib.contextmanager
