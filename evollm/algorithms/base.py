@@ -28,7 +28,12 @@ class AgentConfig:
     update_epochs: int = 1
     max_grad_norm: float | None = 1.0
     beta: float = 0.0
+    #: symmetric clip: ratio in ``[1 - c, 1 + c]``; a tuple ``(lo, hi)`` gives the bounds themselves
     clip_coef: float | tuple[float, float] = 0.2
+    #: lower clip offset: ratio >= ``1 - clip_low``; ``None``: from ``clip_coef`` (wins over it when set)
+    clip_low: float | None = None
+    #: upper clip offset: ratio <= ``1 + clip_high`` (DAPO's clip-higher); ``None``: from ``clip_coef``
+    clip_high: float | None = None
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
@@ -39,11 +44,52 @@ class AgentConfig:
     weight_decay: float = 0.0
     seed: int = 42
 
-    def clip_bounds(self) -> tuple[float, float]:
+    def _clip_from_coef(self) -> tuple[float, float]:
         c = self.clip_coef
         if isinstance(c, (tuple, list)):
             return float(c[0]), float(c[1])
         return 1.0 - float(c), 1.0 + float(c)
+
+    def clip_bounds(self) -> tuple[float, float]:
+        """``(lo, hi)`` ratio bounds: ``clip_low``/``clip_high`` where set, else from ``clip_coef``."""
+        lo, hi = self._clip_from_coef()
+        if self.clip_low is not None:
+            lo = 1.0 - float(self.clip_low)
+        if self.clip_high is not None:
+            hi = 1.0 + float(self.clip_high)
+        return lo, hi
+
+    def get_clip(self, name: str) -> float:
+        """Effective ``clip_low``, ``clip_high`` or ``clip_coef`` (the mean of the two offsets)."""
+        lo, hi = self.clip_bounds()
+        if name == "clip_low":
+            return 1.0 - lo
+        if name == "clip_high":
+            return hi - 1.0
+        if isinstance(self.clip_coef, (int, float)) and self.clip_low is None and self.clip_high is None:
+            return float(self.clip_coef)
+        return ((1.0 - lo) + (hi - 1.0)) / 2
+
+    def set_clip(self, name: str, value: float) -> None:
+        """Set ``clip_low``/``clip_high``, or ``clip_coef``: a symmetric float stays a float; an
+        asymmetric range (tuple, clip_low/high, or a preset) has both offsets scaled so their mean
+        is ``value`` and their ratio is kept."""
+        if name in ("clip_low", "clip_high"):
+            setattr(self, name, float(value))
+            return
+        if isinstance(self.clip_coef, (int, float)) and self.clip_low is None and self.clip_high is None:
+            self.clip_coef = float(value)
+            return
+        lo, hi = self.clip_bounds()
+        old = self.get_clip("clip_coef")
+        scale = float(value) / old if old > 0 else 1.0
+        low, high = (1.0 - lo) * scale, (hi - 1.0) * scale
+        if old <= 0:
+            low = high = float(value)
+        self.clip_low, self.clip_high = low, high
+
+
+CLIP_NAMES = ("clip_coef", "clip_low", "clip_high")
 
 
 def build_config(config_cls, config, overrides: dict) -> Any:
@@ -64,7 +110,8 @@ class LLMAgent:
 
     config_cls: ClassVar[type] = AgentConfig
     #: hyperparameters the evolution engine may change (beyond ``lora_rank``)
-    MUTABLE: ClassVar[tuple[str, ...]] = ("lr", "beta", "clip_coef", "temperature", "top_p", "top_k",
+    MUTABLE: ClassVar[tuple[str, ...]] = ("lr", "beta", "clip_coef", "clip_low", "clip_high", "temperature",
+                                          "top_p", "top_k",
                                           "max_grad_norm", "update_epochs", "batch_size")
     #: adapter roles a member owns; PPO adds "critic"
     ROLES: ClassVar[tuple[str, ...]] = ("actor",)
@@ -154,6 +201,8 @@ class LLMAgent:
         if name not in self.MUTABLE:
             raise ValueError(f"{name!r} cannot evolve on {type(self).__name__}; "
                              f"valid names: {sorted(self.mutable_hyperparameters())}")
+        if name in CLIP_NAMES:
+            return self.config.get_clip(name)
         return getattr(self.config, name)
 
     def set_hyperparameter(self, name: str, value) -> None:
@@ -162,7 +211,12 @@ class LLMAgent:
             self.set_lora_rank(int(value))
             return
         self.get_hyperparameter(name)  # validates the name
-        setattr(self.config, name, value)
+        if name in CLIP_NAMES:
+            self.config.set_clip(name, value)
+        else:
+            setattr(self.config, name, value)
+        if hasattr(self.config, "validate"):
+            self.config.validate()
         self._apply_hyperparameter(name, value)
 
     def _apply_hyperparameter(self, name: str, value) -> None:

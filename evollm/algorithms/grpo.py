@@ -20,19 +20,56 @@ from .rollout import action_mask_for, forward_logprobs, generate, sequence_atten
 
 @dataclass
 class GRPOConfig(AgentConfig):
-    """GRPO hyperparameters (see :class:`AgentConfig` for the shared ones)."""
+    """GRPO hyperparameters (see :class:`AgentConfig` for the shared ones).
+
+    ``loss_type`` picks a row of :data:`evollm.functional.LOSS_PRESETS`; its clip range and
+    reward scaling apply to every field left at ``None`` here (``clip_coef``, ``clip_low``,
+    ``clip_high``, ``scale_rewards``), also after ``loss_type`` mutates. A field the user sets
+    wins over the preset.
+    """
 
     group_size: int = 8
+    #: grpo, dr_grpo, dapo, gspo or cispo (see ``evollm.functional.LOSS_PRESETS``)
     loss_type: str = "grpo"
-    scale_rewards: str = "group"
+    #: "group", "batch" or "none"; None: the loss type's preset
+    scale_rewards: str | None = None
     lr: float = 5e-5
     beta: float = 0.0
-    clip_coef: float | tuple[float, float] = 0.2
+    #: None: the loss type's preset range (clip_low/clip_high still win where set)
+    clip_coef: float | tuple[float, float] | None = None
+    #: DAPO dynamic sampling: drop groups whose rewards are all equal and refill the batch from
+    #: further prompts (at most ``dynamic_sampling_max_batches`` extra batches per step)
+    dynamic_sampling: bool = False
+    dynamic_sampling_max_batches: int = 3
+    #: DAPO overlong reward shaping: a soft penalty over the last ``overlong_buffer`` tokens before
+    #: ``max_output_tokens`` (0: off), reaching ``-overlong_penalty`` at the limit
+    overlong_buffer: int = 0
+    overlong_penalty: float = 1.0
+
+    def preset(self) -> dict:
+        """This loss type's row of :data:`evollm.functional.LOSS_PRESETS`."""
+        return F.LOSS_PRESETS[self.loss_type]
+
+    def _clip_from_coef(self) -> tuple[float, float]:
+        if self.clip_coef is None:
+            p = self.preset()
+            return 1.0 - float(p["clip_low"]), 1.0 + float(p["clip_high"])
+        return super()._clip_from_coef()
+
+    def reward_scaling(self) -> str:
+        """``scale_rewards``, or the loss type's preset when unset."""
+        return self.scale_rewards if self.scale_rewards is not None else str(self.preset()["scale_rewards"])
 
     def validate(self) -> None:
         if self.loss_type not in F.LOSS_TYPES:
-            raise ValueError(f"loss_type={self.loss_type!r} is not valid; choose one of {list(F.LOSS_TYPES)}")
-        if self.scale_rewards not in F.ADVANTAGE_SCALES:
+            removed = "; 'bnpo' was removed (it was 'dapo' without clip-higher): use 'dapo'" \
+                if self.loss_type == "bnpo" else ""
+            raise ValueError(f"loss_type={self.loss_type!r} is not valid; choose one of {list(F.LOSS_TYPES)}"
+                             + removed)
+        if self.overlong_buffer < 0 or self.overlong_buffer > self.max_output_tokens:
+            raise ValueError(f"overlong_buffer must be in [0, max_output_tokens={self.max_output_tokens}], "
+                             f"got {self.overlong_buffer}")
+        if self.scale_rewards is not None and self.scale_rewards not in F.ADVANTAGE_SCALES:
             raise ValueError(f"scale_rewards={self.scale_rewards!r} is not valid; "
                              f"choose one of {list(F.ADVANTAGE_SCALES)}")
         if self.group_size < 1:
@@ -71,6 +108,11 @@ class GRPO(LLMAgent):
 
     config_cls = GRPOConfig
     MUTABLE = LLMAgent.MUTABLE + ("loss_type", "scale_rewards")
+
+    def get_hyperparameter(self, name: str):
+        if name == "scale_rewards":  # the value in effect, preset included
+            return self.config.reward_scaling()
+        return super().get_hyperparameter(name)
 
     # ------------------------------------------------------------------ population constructor
     @classmethod
@@ -145,7 +187,8 @@ class GRPO(LLMAgent):
 
 
 class GSPO(GRPO):
-    """GRPO with one importance ratio per sequence (``loss_type="gspo"``)."""
+    """GRPO with one importance ratio per sequence (``loss_type="gspo"``; preset clip range
+    3e-4/4e-4 as in the GSPO paper unless ``clip_coef``/``clip_low``/``clip_high`` are given)."""
 
     def __init__(self, *args, **kwargs):
         kwargs["loss_type"] = "gspo"
@@ -153,7 +196,8 @@ class GSPO(GRPO):
 
 
 class CISPO(GRPO):
-    """GRPO with the clipped importance-sampling-weight objective (``loss_type="cispo"``)."""
+    """GRPO with the clipped importance-sampling-weight objective (``loss_type="cispo"``; preset
+    cap 5 on the IS weight, i.e. ``clip_high=4.0``, as TRL's ``epsilon_high=5``)."""
 
     def __init__(self, *args, **kwargs):
         kwargs["loss_type"] = "cispo"
@@ -181,8 +225,14 @@ def _prepare(agent: GRPO, experiences) -> _Prepared:
         raise ValueError(f"got {rewards.numel()} rewards for {seqs.shape[0]} completions")
     if rewards.numel() % c.group_size:
         raise ValueError(f"{rewards.numel()} rewards do not split into groups of group_size={c.group_size}")
+    if c.overlong_buffer:
+        rewards = rewards + F.overlong_penalty(mask.sum(1).cpu(), c.max_output_tokens, c.overlong_buffer,
+                                               c.overlong_penalty)
+    if c.dynamic_sampling:  # keep the groups that carry a learning signal
+        keep = F.informative_groups(rewards, c.group_size).repeat_interleave(c.group_size)
+        seqs, mask, rewards = seqs[keep.to(seqs.device)], mask[keep.to(mask.device)], rewards[keep]
     return _Prepared(seqs, _attention_from_sequences(seqs, agent.pad_token_id), mask,
-                     F.group_advantages(rewards, c.group_size, scale=c.scale_rewards), rewards)
+                     F.group_advantages(rewards, c.group_size, scale=c.reward_scaling()), rewards)
 
 
 def _joint_logprobs(agents, seqs, attn, rows_each: int, grad: bool, reference: bool = False) -> torch.Tensor:
@@ -215,6 +265,9 @@ def _fits_one_forward(agents, tokens: int) -> bool:
 def grpo_update(agents: Sequence[GRPO], experiences: Sequence) -> list[dict[str, float]]:
     """The GRPO update of one or more members with equal update settings (see ``learn_population``)."""
     batches = [_prepare(a, e) for a, e in zip(agents, experiences)]
+    if any(b.seqs.shape[0] == 0 for b in batches):  # dynamic sampling left a member nothing to learn from
+        return [_no_update(a, b) if b.seqs.shape[0] == 0 else grpo_update([a], [e])[0]
+                for a, b, e in zip(agents, batches, experiences)]
     n_rows = {b.seqs.shape[0] for b in batches}
     width = max(b.seqs.shape[1] for b in batches)
     if len(n_rows) > 1 or not _fits_one_forward(agents, sum(n_rows) * len(agents) * width):
@@ -275,6 +328,13 @@ def grpo_update(agents: Sequence[GRPO], experiences: Sequence) -> list[dict[str,
                        completion_length=float(b.mask.sum(1).float().mean()))
         out.append(metrics)
     return out
+
+
+def _no_update(agent: GRPO, batch: _Prepared) -> dict[str, float]:
+    """Metrics of a step with no informative group (every group's rewards equal): no update."""
+    agent.steps += 1
+    return {"loss": 0.0, "kl": 0.0, "clip_fraction": 0.0, "entropy": float("nan"), "grad_norm": 0.0,
+            "mean_reward": float("nan"), "zero_std_groups": 1.0, "completion_length": float("nan")}
 
 
 def _stack(rows, pad_value: int) -> torch.Tensor:
