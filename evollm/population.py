@@ -131,7 +131,8 @@ class Population:
         return population_to_study(self.lineage(), self.report(), hp_config, study_name, storage)
 
     def best(self):
-        """The current member with the highest last fitness."""
+        """The current member with the highest last fitness, among members evaluated since their
+        birth (clones start with an empty fitness history, so an unevaluated clone never wins)."""
         scored = [a for a in self.members if a.fitness]
         return max(scored, key=lambda a: a.fitness[-1]) if scored else self.members[0]
 

@@ -139,6 +139,7 @@ class LLMAgent:
             hp_config.validate_for(self)
         self.fitness: list[float] = []
         self.scores: list[float] = []
+        self.parent_index: int | None = None  # the member this one was cloned from
         self.steps: int = 0
         self.mutation_hooks: list[Callable] = []
         self.last_mutation = None
@@ -245,7 +246,8 @@ class LLMAgent:
 
     def clone(self, index: int | None = None, wrap: bool = True) -> "LLMAgent":
         """A new member on the same base: in-memory copies of the adapters, extra modules and
-        optimizer state; copied hyperparameters, fitness history and hooks."""
+        optimizer state; copied hyperparameters and hooks. The clone starts with an EMPTY fitness
+        history (it has not been evaluated yet) and ``parent_index`` set to this member's id."""
         new = object.__new__(type(self))
         new.index = self.shared.reserve_index(index)
         new.shared = self.shared
@@ -258,6 +260,7 @@ class LLMAgent:
                 for dst, src in zip(new._extra_parameters()[key], params):
                     dst.copy_(src)
         copy_attributes(self, new)
+        new.fitness, new.scores, new.parent_index = [], [], self.index
         new.optimizer = new._build_optimizer()
         new.optimizer.load_state_dict(_clone_optimizer_state(self.optimizer.state_dict()))
         return new

@@ -117,20 +117,20 @@ class GRPO(LLMAgent):
     # ------------------------------------------------------------------ population constructor
     @classmethod
     def population(cls, size: int, actor_network: torch.nn.Module, hp_config=None, init_hyperparameters=None,
-                   **kwargs) -> list["GRPO"]:
-        """``size`` members on ONE shared base. ``init_hyperparameters``: an optional list of per-member
-        dicts (e.g. from :func:`evollm.hpo.initial_population_hyperparameters`)."""
+                   init_sampler: str | None = "qmc", **kwargs) -> list["GRPO"]:
+        """``size`` members on ONE shared base.
+
+        With an ``hp_config`` the founders' hyperparameters are drawn from it with ``init_sampler``
+        (``"qmc"``: scrambled Sobol, the default; ``"random"``, ``"tpe"``, an Optuna sampler, or
+        ``None`` for identical founders), seeded with ``seed``; a value the caller passes as a keyword
+        (e.g. ``lr=1e-3``) is kept for every founder. ``init_hyperparameters``: an explicit list of
+        per-member dicts instead (e.g. from :func:`evollm.hpo.initial_population_hyperparameters`)."""
+        from ..hpo.founders import founder_hyperparameters
         if size < 1:
             raise ValueError(f"population size must be >= 1, got {size}")
-        if init_hyperparameters is not None and len(init_hyperparameters) != size:
-            raise ValueError(f"init_hyperparameters has {len(init_hyperparameters)} entries for {size} members")
-        members = []
-        for i in range(size):
-            agent = cls(actor_network, hp_config=hp_config, **kwargs)
-            for name, value in (init_hyperparameters[i] if init_hyperparameters else {}).items():
-                agent.set_hyperparameter(name, value)
-            members.append(agent)
-        return members
+        init = founder_hyperparameters(size, hp_config, init_hyperparameters, init_sampler,
+                                       fixed=kwargs, seed=kwargs.get("seed", 0))
+        return [_with_hyperparameters(cls(actor_network, hp_config=hp_config, **kwargs), hps) for hps in init]
 
     # ------------------------------------------------------------------ acting
     def get_action(self, prompts: Sequence[dict], training: bool = True):
@@ -328,6 +328,12 @@ def grpo_update(agents: Sequence[GRPO], experiences: Sequence) -> list[dict[str,
                        completion_length=float(b.mask.sum(1).float().mean()))
         out.append(metrics)
     return out
+
+
+def _with_hyperparameters(agent, hps: dict):
+    for name, value in hps.items():
+        agent.set_hyperparameter(name, value)
+    return agent
 
 
 def _no_update(agent: GRPO, batch: _Prepared) -> dict[str, float]:

@@ -89,20 +89,38 @@ def evolve(pop: Sequence, train_step: Callable[[list, int], dict[int, dict]],
                 log(f"step {done:>5}  train reward {_mean(train_rewards.values()):.3f}  fitness "
                     + " ".join(f"{f:.3f}" for f in fitness))
         if evo_steps is not None and done % evo_steps == 0 and done < max_steps:
-            agents, result = _evolve_once(agents, tournament, mutation, record, done)
+            save = (lambda elite: elite.save_checkpoint(Path(elite_path or "elite") / f"step_{done}")) \
+                if save_elite else None
+            agents, result = _evolve_once(agents, tournament, mutation, record, done, save)
             state.agents = agents
             call(callbacks, "on_selection", state, result)
-            if save_elite:
-                record.best().save_checkpoint(Path(elite_path or "elite") / f"step_{done}")
     record.members = list(agents)
+    if save_elite:  # the best member of the last evaluation (every member was evaluated at the end)
+        record.best().save_checkpoint(Path(elite_path or "elite") / "final")
     call(callbacks, "on_train_end", state)
     return agents, record
 
 
-def _evolve_once(agents: list, tournament, mutation, record: Population, step: int) -> list:
+def selection_elite(result, old_agents: Sequence):
+    """The evaluated best member of a selection: the kept elite, or the best-scored old member."""
+    if result.elite is not None:
+        return result.elite
+    return next(a for a in old_agents if int(a.index) == result.best_index)
+
+
+def _evolve_once(agents: list, tournament, mutation, record: Population, step: int,
+                 save_elite: Callable | None = None) -> list:
     result = tournament.select(agents)
-    mutation.mutation(result.mutate)
+    elite = selection_elite(result, agents)
+    if save_elite is not None:  # before any mutation or release: the member that was evaluated
+        save_elite(elite)
+    targets = list(result.mutate)
+    if getattr(mutation, "mutate_elite", False) and result.elite is not None:
+        targets.append(result.elite)
+    mutation.mutation(targets)
     record.record_selection(result, step)
+    if result.elite is not None and result.elite in targets:
+        record.record_mutations([result.elite], step)
     for old in result.dropped:
         if old not in result.population:
             old.release()
