@@ -77,10 +77,11 @@ class AgentConfig:
         if name in ("clip_low", "clip_high"):
             setattr(self, name, float(value))
             return
-        if isinstance(self.clip_coef, (int, float)) and self.clip_low is None and self.clip_high is None:
-            self.clip_coef = float(value)
-            return
         lo, hi = self.clip_bounds()
+        plain = self.clip_low is None and self.clip_high is None and not isinstance(self.clip_coef, (tuple, list))
+        if plain and (isinstance(self.clip_coef, (int, float)) or abs((1.0 - lo) - (hi - 1.0)) < 1e-12):
+            self.clip_coef = float(value)  # a symmetric range stays a plain float
+            return
         old = self.get_clip("clip_coef")
         scale = float(value) / old if old > 0 else 1.0
         low, high = (1.0 - lo) * scale, (hi - 1.0) * scale
@@ -263,6 +264,8 @@ class LLMAgent:
         new.fitness, new.scores, new.parent_index = [], [], self.index
         new.optimizer = new._build_optimizer()
         new.optimizer.load_state_dict(_clone_optimizer_state(self.optimizer.state_dict()))
+        from ..adapters.resize import carry_fresh_directions
+        carry_fresh_directions(self.optimizer, new.optimizer)
         return new
 
     def release(self) -> None:
