@@ -26,7 +26,8 @@ against the budget).
 
 Usage::
 
-    python benchmarks/hpo_efficiency.py --budget 60 --seeds 0 1 2 3 4 5 6 7 --jobs 2
+    python benchmarks/hpo_efficiency.py --budget 20 --trial-steps 20 --eval-every 5 --evo-steps 10 \
+        --seeds 0 1 2 3 4 5 6 7 --jobs 8 --target 0.65
 
 Each (arm, seed) runs in its own subprocess; runs are started seed by seed, arms interleaved. Parts
 are kept in ``--parts-dir`` and reused. Writes ``benchmarks/results/hpo_efficiency.json`` and
@@ -85,15 +86,16 @@ def _setup(seed: int):
     cfg = RunConfig.from_yaml(DEMO)
     model, tok = build_model(cfg.model, 0)
     train, test, reward_fn, template = build_task(cfg.task, 0)
-    env_cfg = {k: v for k, v in cfg.env.items() if k != "type"}
-    env = ReasoningGym(train, test, tok, reward_fn, template, seed=seed, **env_cfg)
+    env = ReasoningGym(train, test, tok, reward_fn, template, seed=seed,
+                       data_batch_size_per_gpu=cfg.env.data_batch_size_per_gpu,
+                       max_context_length=cfg.env.max_context_length, eval_batch_size=cfg.env.eval_batch_size)
     return cfg, model, tok, env
 
 
 def _kwargs(cfg, tok, seed: int) -> dict:
     from evollm.adapters.shared import default_lora_config
     return dict(pad_token_id=tok.pad_token_id, pad_token=tok.pad_token, eos_token_id=tok.eos_token_id,
-                lora_config=default_lora_config(**cfg.algorithm["lora"]), seed=seed, **FIXED)
+                lora_config=default_lora_config(**cfg.algorithm.lora.kwargs()), seed=seed, **FIXED)
 
 
 class Clock:
@@ -368,13 +370,13 @@ def driver(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--budget", type=float, default=60.0, help="CPU seconds per arm and seed")
-    p.add_argument("--trial-steps", type=int, default=40, help="steps of one sequential trial (arms b, c)")
-    p.add_argument("--eval-every", type=int, default=10, help="steps between held-out evaluations")
+    p.add_argument("--budget", type=float, default=20.0, help="CPU seconds per arm and seed")
+    p.add_argument("--trial-steps", type=int, default=20, help="steps of one sequential trial (arms b, c)")
+    p.add_argument("--eval-every", type=int, default=5, help="steps between held-out evaluations")
     p.add_argument("--evo-steps", type=int, default=10, help="steps between selections (arm a)")
     p.add_argument("--seeds", type=int, nargs="+", default=list(range(8)))
     p.add_argument("--arms", nargs="+", default=["a", "b", "c", "d"], choices=sorted(ARMS))
-    p.add_argument("--target", type=float, default=0.55, help="held-out accuracy to reach")
+    p.add_argument("--target", type=float, default=0.65, help="held-out accuracy to reach")
     p.add_argument("--jobs", type=int, default=2, help="worker processes at a time")
     p.add_argument("--parts-dir", default=str(Path(tempfile.gettempdir()) / "evollm_hpo_efficiency"))
     p.add_argument("--summarise-only", action="store_true", help="tables and plot from the parts already there")

@@ -12,7 +12,8 @@ def test_train_demo_config_writes_outputs(tmp_path, cache_dir, capsys):
                "--set", "train.max_steps=4", "--set", "train.evaluation_interval=2", "--set", "train.evo_steps=2",
                "--set", "task.n_test=16"])
     assert rc == 0
-    for name in ("report.csv", "lineage.csv", "fitness.png", "hyperparameters.png", "summary.json",
+    for name in ("report.csv", "lineage.csv", "metrics.csv", "progress.json", "fitness.png", "hyperparameters.png",
+                 "lineage.png", "diagnostics.png", "diagnostics/member_0.png", "tensorboard/population", "summary.json",
                  "best_member/adapter/adapter_model.safetensors"):
         assert (out / name).exists(), name
     summary = json.loads((out / "summary.json").read_text())
@@ -25,7 +26,8 @@ def test_config_errors_are_one_line(tmp_path, capsys):
     bad = tmp_path / "bad.yaml"
     bad.write_text("algorithm: {name: GRPO}\ntrainer: {}\n")
     assert main(["train", str(bad)]) == 2
-    assert "unknown top-level key(s) ['trainer']" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "trainer: unknown key in the top level; did you mean 'train'?" in err and len(err.splitlines()) == 1
     bad.write_text("algorithm: {name: PPO2}\n")
     assert main(["train", str(bad), "--set", f"output_dir={tmp_path / 'o'}"]) == 2
     assert "algorithm.name='PPO2' is not valid" in capsys.readouterr().err

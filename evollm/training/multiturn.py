@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import math
+import time
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -25,8 +26,9 @@ import torch
 from tqdm.auto import tqdm
 
 from ..algorithms.grpo import GRPO
-from ..algorithms.multiturn_rollout import Episode, EnvPool, collect_episodes, stack_episodes
 from ..population import Population
+from ..rollout import Episode, EnvPool, collect_episodes, stack_episodes
+from ..run.measure import member_tokens, with_costs
 from .loop import evolve
 
 #: Evaluation seeds start here, far from the training seeds (``seed * 10**6 + step * episodes_per_step + i``).
@@ -98,8 +100,14 @@ def finetune_llm_multiturn(pop: Sequence, max_turns: int, env_factory: Callable[
         seeds = [seed * 10**6 + step * episodes_per_step + i for i in range(episodes_per_step)]
         groups = [max(1, int(getattr(a.config, "group_size", 1))) for a in active]
         envs = pool.get(len(seeds) * sum(groups))
+        started = time.perf_counter()
         episodes = collect_episodes(active, envs, seeds, training=True, max_turns=max_turns)
-        return {a.index: a.learn(episodes_to_experiences(a, episodes[a.index], max_turns)) for a in active}
+        generated = time.perf_counter()
+        experiences = [episodes_to_experiences(a, episodes[a.index], max_turns) for a in active]
+        learnt = time.perf_counter()
+        metrics = {a.index: a.learn(e) for a, e in zip(active, experiences)}
+        return with_costs(metrics, member_tokens(active, [e[1] for e in experiences]), generated - started,
+                          time.perf_counter() - learnt)
 
     def evaluate(agents):
         fitness, episodes = evaluate_episodes(agents, pool, eval_seeds, max_turns)
@@ -137,7 +145,9 @@ def run_multiturn_from_config(cfg, members, tokenizer, train_cfg: dict, evo_step
     """What ``evollm train`` runs for ``env.type: multiturn``: measure the warm start on the fixed evaluation
     episodes, train, and return ``{agents, population, initial_fitness, final_fitness, initial_success,
     final_success}`` (fitness = mean return; success = fraction of episodes won, best member)."""
-    factory, max_turns = env_factory_from_config(cfg.task, cfg.env, tokenizer)
+    task = {"name": cfg.task.name, **cfg.task.game}
+    env = {k: v for k, v in cfg.env.to_dict().items() if v is not None}
+    factory, max_turns = env_factory_from_config(task, env, tokenizer)
     train_cfg = dict(train_cfg)
     eval_n = int(train_cfg.pop("eval_episodes", 64))
     seed = int(cfg.seed)

@@ -1,0 +1,101 @@
+"""Memory-bounded log-prob forwards for the loss: one member, a routed group of members, or the
+reference policy (the shared base with every adapter disabled)."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Sequence
+
+import torch
+
+from ..adapters.routing import ROUTED, batch_path, routed
+from ..functional import token_logprobs
+from .tokens import position_ids_from_mask
+
+
+def forward_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                     temperature: float = 1.0, chunk_rows: int | None = None, with_entropy: bool = False,
+                     logits_budget_mb: float = 256.0):
+    """Per-token log-probs ``[B, L-1]`` of ``input_ids[:, 1:]`` under ``model``.
+
+    Rows are processed ``chunk_rows`` at a time so that at most ``[chunk_rows, L, V]`` logits
+    exist at once; by default as many rows as fit ``logits_budget_mb`` of float32 logits (one row
+    of a 150k-vocabulary model at 1k tokens is already 600 MB, so such models go row by row). Gradients flow when called with grad enabled. With ``with_entropy`` also
+    returns the per-token entropy (detached) of the sampling distribution.
+    """
+    if attention_mask is None:
+        attention_mask = torch.ones_like(input_ids)
+    device = next(model.parameters()).device
+    if chunk_rows is None:
+        vocab = model.get_output_embeddings().weight.shape[0]
+        row_bytes = 4 * input_ids.shape[1] * vocab
+        chunk_rows = max(1, int(logits_budget_mb * 2**20 // row_bytes))
+    outs, ents = [], []
+    for start in range(0, input_ids.shape[0], chunk_rows):
+        ids = input_ids[start:start + chunk_rows].to(device)
+        am = attention_mask[start:start + chunk_rows].to(device)
+        logits = model(input_ids=ids, attention_mask=am, position_ids=position_ids_from_mask(am),
+                       use_cache=False).logits[:, :-1]
+        if temperature != 1.0:
+            logits = logits / temperature
+        outs.append(token_logprobs(logits, ids[:, 1:]))
+        if with_entropy:
+            with torch.no_grad():
+                lf = logits.detach().float()
+                ents.append(torch.logsumexp(lf, -1) - (lf.softmax(-1) * lf).sum(-1))
+        del logits
+    logp = torch.cat(outs)
+    return (logp, torch.cat(ents)) if with_entropy else logp
+
+
+@contextlib.contextmanager
+def loss_forward(shared, name: str, grad: bool = True, disable_dropout: bool = True):
+    """Run the shared model as member ``name`` for a forward that feeds a loss.
+
+    With ``disable_dropout`` (the default everywhere) the model runs in eval mode, so LoRA dropout
+    and the base model's own dropout (attention, hidden, embedding) are off and the loss scores
+    exactly the policy that sampled; gradients flow all the same. Layers that use gradient
+    checkpointing are flagged as training on their own (not their children), so checkpointing
+    still runs. Without ``disable_dropout`` a gradient forward runs in train mode (dropout on)."""
+    with shared.use(name, train=grad and not disable_dropout) as model:
+        flagged = []
+        if grad and disable_dropout and getattr(model, "is_gradient_checkpointing", False):
+            flagged = [m for m in model.modules() if getattr(m, "gradient_checkpointing", False) is True
+                       and not m.training]
+            for m in flagged:
+                m.training = True
+        try:
+            yield model
+        finally:
+            for m in flagged:
+                m.training = False
+
+
+def member_logprobs(shared, names: Sequence[str], seqs: torch.Tensor, attn: torch.Tensor, rows_each: int,
+                    grad: bool, reference: bool = False, temperature: float = 1.0, chunk_rows: int | None = None,
+                    logits_budget_mb: float = 256.0, disable_dropout: bool = True) -> torch.Tensor:
+    """Log-probs of concatenated row blocks, block ``i`` (``rows_each`` rows) under adapter ``names[i]``
+    of ``shared`` (or, with ``reference``, all of them under the base alone), with dropout off unless
+    ``disable_dropout`` is False (see :func:`loss_forward`).
+
+    Several members run as ONE routed forward when their adapters are routed exactly and dropout
+    is off; otherwise (DoRA, or dropout on) each block runs through PEFT's own forward in turn.
+    ``chunk_rows`` applies to a single member or the reference."""
+    if reference:
+        with torch.set_grad_enabled(grad), shared.reference() as model:
+            return forward_logprobs(model, seqs, attn, temperature, chunk_rows, logits_budget_mb=logits_budget_mb)
+    if len(names) > 1 and (batch_path(shared, names) != ROUTED or (grad and not disable_dropout)):
+        return torch.cat([member_logprobs(shared, [n], seqs[i * rows_each:(i + 1) * rows_each],
+                                          attn[i * rows_each:(i + 1) * rows_each], rows_each, grad, False, temperature,
+                                          chunk_rows, logits_budget_mb, disable_dropout)
+                          for i, n in enumerate(names)])
+    if len(names) == 1:
+        ctx = loss_forward(shared, names[0], grad, disable_dropout)
+        chunk = chunk_rows
+    else:
+        ctx = routed(shared, list(names), [rows_each] * len(names), differentiable=grad)
+        chunk = seqs.shape[0]
+    with torch.set_grad_enabled(grad), ctx as model:
+        if len(names) > 1 and grad:
+            model.eval()  # dropout off (routing never applies LoRA dropout); gradients still flow
+        return forward_logprobs(model, seqs, attn, temperature, chunk, logits_budget_mb=logits_budget_mb)
