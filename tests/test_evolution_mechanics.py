@@ -291,3 +291,51 @@ def test_dynamic_sampling_drops_uninformative_groups(tiny, arithmetic_env):
     mixed = flat.clone()
     mixed[0, 0] = 0.0
     assert agent.learn((ids, masks, mixed))["grad_norm"] > 0
+
+
+def test_dynamic_sampling_refills_the_batch_with_informative_groups():
+    from types import SimpleNamespace
+
+    from evollm.training.dynamic_sampling import refill
+
+    class Env:
+        def __init__(self):
+            self.batch = 0
+
+        def reset(self):
+            return [{"batch": self.batch, "i": i} for i in range(2)]
+
+        def step_to_next_batch(self):
+            self.batch += 1
+
+        def score(self, completions, prompts):  # batch 1: one informative group; batch 2: two
+            b = prompts[0]["batch"]
+            rows = [[1.0, 1.0], [1.0, 1.0]] if b == 0 else [[1.0, 0.0], [1.0, 1.0]] if b == 1 else [[0.0, 1.0]] * 2
+            return torch.tensor(rows)
+
+    class Rollout:
+        def __init__(self, tag):
+            self.tag = tag
+
+        def per_prompt(self):
+            return [torch.full((2, 3), self.tag + k) for k in range(2)], [torch.ones(2, 2)] * 2
+
+    env = Env()
+    agent = SimpleNamespace(index=7, config=SimpleNamespace(dynamic_sampling=True, dynamic_sampling_max_batches=3,
+                                                            group_size=2))
+    plain = SimpleNamespace(index=8, config=SimpleNamespace(dynamic_sampling=False, group_size=2))
+    first = Rollout(0).per_prompt()
+    experiences = [(*first, env.score(first[0], env.reset())), (*first, torch.ones(2, 2))]
+    env.step_to_next_batch()
+    calls = []
+
+    def generate(agents, prompts):
+        calls.append([a.index for a in agents])
+        return {a.index: Rollout(10 * prompts[0]["batch"]) for a in agents}
+
+    out = refill([agent, plain], experiences, env, generate)
+    completions, masks, rewards = out[0]
+    assert calls == [[7], [7]]  # two extra batches for the dynamic-sampling member only
+    assert len(completions) == 2 and rewards.tolist() == [[1.0, 0.0], [0.0, 1.0]]
+    assert [int(c[0, 0]) for c in completions] == [10, 20]  # group 0 of batch 1, group 0 of batch 2
+    assert out[1] is experiences[1]

@@ -19,6 +19,7 @@ from tqdm.auto import tqdm
 from ..population import Population
 from ..rollout import evaluate_population, generate_population
 from ..run.measure import member_tokens, with_costs
+from .dynamic_sampling import refill
 from .callbacks import Callback, LoopState, call
 
 
@@ -190,6 +191,7 @@ def finetune_llm_reasoning(pop: Sequence, env, max_steps: int, evaluation_interv
             completions, masks = rollouts[agent.index].per_prompt()
             experiences.append((completions, masks, env.score(completions, prompts)))
         env.step_to_next_batch()
+        experiences = refill(active, experiences, env, generate_population)  # members with dynamic_sampling
         learnt = time.perf_counter()
         metrics = dict(zip([a.index for a in active], learn_all(active, experiences)))
         return with_costs(metrics, member_tokens(active, [e[1] for e in experiences]), generated - started,
