@@ -345,7 +345,8 @@ class TrainSection(Section):
     evaluation_interval: int = option(10, "Steps between evaluations of every member on the fixed test set.")
     evo_steps: int | None = option(None, "Steps between selections (a multiple of evaluation_interval); "
                                    "null: no evolution.")
-    save_elite: bool = option(False, "Save the best member at every selection.", when={"evo_steps": _evolving})
+    save_elite: bool = option(False, "Save the evaluated best member at every selection (elite_path/step_N) "
+                              "and at the end (elite_path/final, also without evolution).")
     elite_path: str | None = option(None, "Folder of the saved elites (relative to output_dir).",
                                     when={"save_elite": (True,)}, path=True)
     checkpoint_every: int | None = option(None, "Steps between checkpoints of the whole run into "

@@ -26,7 +26,7 @@ def _hyperparameters(agent) -> dict[str, Any]:
     for name in names:
         try:
             value = agent.get_hyperparameter(name)
-        except (ValueError, AttributeError):
+        except (ValueError, AttributeError, KeyError):
             continue
         out[name] = list(value) if isinstance(value, tuple) else value
     return out

@@ -204,8 +204,17 @@ def test_mutate_elite_option():
     from evollm.population import Population
     from evollm.training.loop import _evolve_once
 
+    class Agent(FakeAgent):
+        def get_hyperparameter(self, name):
+            if name not in self.hps:
+                raise ValueError(name)
+            return self.hps[name]
+
+        def release(self):
+            self.released = True
+
     for flag in (False, True):
-        pop = [FakeAgent(i, full_config(), fitness=[f]) for i, f in enumerate((0.1, 0.9, 0.5))]
+        pop = [Agent(i, full_config(), fitness=[f]) for i, f in enumerate((0.1, 0.9, 0.5))]
         before = dict(pop[1].hps)
         mutation = Mutations(no_mutation=0, rl_hp=1, mutate_elite=flag, rand_seed=0)
         new, result = _evolve_once(pop, TournamentSelection(2, population_size=3, rand_seed=0), mutation,

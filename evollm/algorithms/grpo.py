@@ -47,8 +47,9 @@ class GRPOConfig(AgentConfig):
     overlong_penalty: float = 1.0
 
     def preset(self) -> dict:
-        """This loss type's row of :data:`evollm.functional.LOSS_PRESETS`."""
-        return F.LOSS_PRESETS[self.loss_type]
+        """This loss type's row of :data:`evollm.functional.LOSS_PRESETS` (grpo's for an unknown
+        name, which :meth:`validate` then rejects)."""
+        return F.LOSS_PRESETS.get(self.loss_type, F.LOSS_PRESETS["grpo"])
 
     def _clip_from_coef(self) -> tuple[float, float]:
         if self.clip_coef is None:
