@@ -25,10 +25,11 @@ def build_population(cfg, model, tokenizer, hp_config):
     lora = lora_config(model, **alg.lora.kwargs())
     hps = dict(alg.hyperparameters)
     hps.setdefault("seed", cfg.seed)
-    init = None
-    if alg.init_sampler and hp_config is not None:
-        from .hpo import initial_population_hyperparameters
-        init = initial_population_hyperparameters(hp_config, size, sampler=alg.init_sampler, seed=cfg.seed)
+    from .hpo.founders import founder_hyperparameters
+    # founders drawn from the hp_config (QMC unless algorithm.init_sampler says otherwise); a value
+    # set in algorithm.hyperparameters is kept for every founder
+    init = founder_hyperparameters(size, hp_config, None, alg.init_sampler, fixed=alg.hyperparameters,
+                                   seed=cfg.seed)
     members = []
     for i in range(size):
         agent = cls(model, pad_token_id=tokenizer.pad_token_id, pad_token=tokenizer.pad_token,

@@ -266,7 +266,9 @@ class AlgorithmSection(Section):
     lora: LoraSection = option(default_factory=LoraSection, help="LoRA settings.")
     hyperparameters: dict[str, Any] = option({}, "Fields of the algorithm's config dataclass (e.g. GRPOConfig: lr, "
                                              "group_size, beta, clip_coef, temperature, ...).")
-    init_sampler: str | None = option(None, "Draw each founder's hpo.hp_config values with this sampler.",
+    init_sampler: str | None = option("qmc", "Draw each founder's hpo.hp_config values with this sampler "
+                                      "(scrambled-Sobol 'qmc' by default; null: identical founders). A value "
+                                      "set in algorithm.hyperparameters is kept for every founder.",
                                       choices=("random", "qmc", "tpe"), when={"hpo.hp_config": bool})
 
     def finalize(self) -> None:
@@ -345,6 +347,11 @@ class MutationSection(Section):
     rl_hp: float = option(0.6, "Relative probability of mutating one hpo.hp_config hyperparameter.")
     lora_rank: float = option(0.0, "Relative probability of resizing the adapters (needs hp_config.lora_rank).")
     explore_prob: float = option(0.0, "Probability that a mutation resamples over the whole range.")
+    resample_prob: float | None = option(None, "PBT name of explore_prob (resample from the prior); wins when set.")
+    perturb: str = option("one", "'one': each rl_hp mutation changes one hp_config hyperparameter; 'all': every "
+                          "one (PBT's explore step).", choices=("one", "all"))
+    mutate_elite: bool = option(False, "Also mutate the elite that selection keeps (off: it stays the "
+                                "evaluated member).")
 
     def build(self, seed: int):
         from .hpo import Mutations
@@ -402,7 +409,8 @@ class TrainSection(Section):
     evaluation_interval: int = option(10, "Steps between evaluations of every member on the fixed test set.")
     evo_steps: int | None = option(None, "Steps between selections (a multiple of evaluation_interval); "
                                    "null: no evolution.")
-    save_elite: bool = option(False, "Save the best member at every selection.", when={"evo_steps": _evolving})
+    save_elite: bool = option(False, "Save the evaluated best member at every selection (elite_path/step_N) "
+                              "and at the end (elite_path/final, also without evolution).")
     elite_path: str | None = option(None, "Folder of the saved elites (relative to output_dir; default "
                                     "output_dir/elites).",
                                     when={"save_elite": (True,)}, path=True)

@@ -25,14 +25,47 @@ import torch
 from torch import Tensor
 
 __all__ = [
-    "LOSS_TYPES", "ADVANTAGE_SCALES", "group_advantages", "k3_kl", "policy_loss",
+    "LOSS_TYPES", "LOSS_PRESETS", "ADVANTAGE_SCALES", "group_advantages", "overlong_penalty",
+    "informative_groups", "k3_kl", "policy_loss",
     "policy_loss_with_stats", "gae", "rebn", "masked_mean", "masked_sum", "masked_whiten",
     "value_loss", "token_logprobs", "entropy_from_logits", "broadcast_turn_values",
     "turn_values_from_tokens", "SAMPLER_CORRECTIONS", "sampler_importance_weights",
 ]
 
+#: The loss variants of the GRPO family, each with the settings its paper (or TRL, where the
+#: paper leaves them open) uses. ``clip_low``/``clip_high``: the ratio is clipped to
+#: ``[1 - clip_low, 1 + clip_high]``; for ``cispo`` only the cap ``1 + clip_high`` on the
+#: importance weight is used (4.0 gives TRL's cap of 5, its ``epsilon_high=5``).
+#: ``scale_rewards``: divisor of the group-centred rewards (:func:`group_advantages`).
+#: ``normalisation``: how per-token terms are reduced to the loss (``"sequence"``: mean over
+#: sequences of each sequence's token mean; ``"token"``: sum over tokens / token count;
+#: ``"constant"``: sum / (B * max_completion_length)). ``ratio``: ``"token"`` or one
+#: ``"sequence"`` ratio (geometric mean of the token ratios). ``extras``: options that belong
+#: to the variant but stay off unless asked for (:class:`~evollm.algorithms.grpo.GRPOConfig`).
+#:
+#: * grpo: DeepSeekMath's GRPO, ±0.2, group std scaling, sequence-mean normalisation.
+#: * dr_grpo: "Understanding R1-Zero-like training": no std scaling, constant normaliser.
+#: * dapo: clip-higher 0.2/0.28, token-level normalisation; dynamic sampling (drop groups whose
+#:   rewards are all equal, refill the batch) and overlong reward shaping are its extras.
+#: * gspo: sequence-level ratio with the GSPO paper's range 3e-4/4e-4.
+#: * cispo: MiniMax-M1's clipped IS-weight objective, cap 5 as in TRL, token normalisation.
+#:
+#: ``bnpo`` is not offered: the Beta-normalisation method of its paper is not implemented, and
+#: the token-mean loss that went by that name is ``dapo`` without clip-higher.
+LOSS_PRESETS: Dict[str, Dict[str, object]] = {
+    "grpo": {"clip_low": 0.2, "clip_high": 0.2, "scale_rewards": "group", "normalisation": "sequence",
+             "ratio": "token", "extras": ()},
+    "dr_grpo": {"clip_low": 0.2, "clip_high": 0.2, "scale_rewards": "none", "normalisation": "constant",
+                "ratio": "token", "extras": ()},
+    "dapo": {"clip_low": 0.2, "clip_high": 0.28, "scale_rewards": "group", "normalisation": "token",
+             "ratio": "token", "extras": ("dynamic_sampling", "overlong_buffer", "overlong_penalty")},
+    "gspo": {"clip_low": 3e-4, "clip_high": 4e-4, "scale_rewards": "group", "normalisation": "sequence",
+             "ratio": "sequence", "extras": ()},
+    "cispo": {"clip_low": 0.2, "clip_high": 4.0, "scale_rewards": "group", "normalisation": "token",
+              "ratio": "token", "extras": ()},
+}
 #: Valid values of ``loss_type`` for :func:`policy_loss`.
-LOSS_TYPES: Tuple[str, ...] = ("grpo", "gspo", "dr_grpo", "dapo", "bnpo", "cispo")
+LOSS_TYPES: Tuple[str, ...] = tuple(LOSS_PRESETS)
 #: Valid values of ``scale`` for :func:`group_advantages`.
 ADVANTAGE_SCALES: Tuple[str, ...] = ("group", "batch", "none")
 
@@ -135,6 +168,36 @@ def group_advantages(rewards: Tensor, group_size: int, scale: str = "group", eps
     else:
         std = r.std() if n > 1 else torch.zeros((), dtype=r.dtype, device=r.device)
     return centred / (std + eps)
+
+
+
+def overlong_penalty(lengths: Tensor, max_length: int, buffer: int, penalty: float = 1.0) -> Tensor:
+    """DAPO's soft overlong punishment, added to each completion's reward.
+
+    With ``L`` the completion length, ``L_max = max_length`` and ``L_cache = buffer``:
+    ``0`` for ``L <= L_max - L_cache``, ``penalty * (L_max - L_cache - L) / L_cache`` inside the
+    buffer (falling linearly to ``-penalty`` at ``L_max``), ``-penalty`` beyond ``L_max``.
+    ``buffer = 0`` turns it off (all zeros).
+    """
+    lengths = lengths.float()
+    if buffer <= 0:
+        return torch.zeros_like(lengths)
+    if buffer > max_length:
+        raise ValueError(f"overlong buffer ({buffer}) must be <= max_length ({max_length})")
+    start = max_length - buffer
+    inside = (start - lengths) / buffer
+    out = torch.where(lengths <= start, torch.zeros_like(lengths), inside)
+    return penalty * torch.where(lengths > max_length, torch.full_like(lengths, -1.0), out)
+
+
+def informative_groups(rewards: Tensor, group_size: int) -> Tensor:
+    """``[B*G]`` rewards -> ``[B]`` bool: groups whose rewards are not all equal.
+
+    A group with zero reward spread has zero advantages and gives no policy gradient; DAPO's dynamic
+    sampling drops such groups and refills the batch.
+    """
+    grouped = rewards.reshape(-1, group_size)
+    return grouped.max(dim=1).values != grouped.min(dim=1).values
 
 
 def gae(
@@ -261,17 +324,17 @@ def policy_loss_with_stats(
     one ratio per sequence, ``exp`` of the masked mean of ``logp - old_logp``,
     broadcast to its tokens):
 
-    * grpo, gspo, dr_grpo, dapo, bnpo: ``-min(rho*A, clip(rho, lo, hi)*A)``
+    * grpo, gspo, dr_grpo, dapo: ``-min(rho*A, clip(rho, lo, hi)*A)``
     * cispo: ``-sg(min(rho, hi)) * A * logp`` (sg = stop-gradient)
 
     plus ``beta * k3_kl(logp, ref_logp)`` when ``beta > 0``.
 
-    Reduction over valid tokens:
+    Reduction over valid tokens (``normalisation`` in :data:`LOSS_PRESETS`):
 
     * grpo, gspo: mean over the ``B`` sequences of each sequence's token mean;
       a sequence with no valid token contributes 0 (count clamped to 1) and
       still counts in the ``B`` divisor.
-    * dapo, bnpo, cispo: token sum / token count (0 if no valid tokens).
+    * dapo, cispo: token sum / token count (0 if no valid tokens).
     * dr_grpo: token sum / ``(B * max_completion_length)``.
 
     Returns:
@@ -285,7 +348,8 @@ def policy_loss_with_stats(
         of ``rho``; the sequence ratio for gspo).
     """
     if loss_type not in LOSS_TYPES:
-        raise ValueError(f"loss_type must be one of {LOSS_TYPES}, got {loss_type!r}")
+        raise ValueError(f"loss_type must be one of {LOSS_TYPES}, got {loss_type!r}"
+                         + ("; 'bnpo' was removed (use 'dapo')" if loss_type == "bnpo" else ""))
     if logp.dim() != 2:
         raise ValueError(f"logp must be [B, T], got shape {tuple(logp.shape)}")
     for name, t in (("old_logp", old_logp), ("mask", mask), ("ref_logp", ref_logp), ("is_weights", is_weights)):
@@ -311,7 +375,8 @@ def policy_loss_with_stats(
     # Sanitise invalid cells so inf/NaN there cannot poison values or gradients.
     lp = torch.where(valid, logp, zero)
     log_ratio = lp - torch.where(valid, old_logp.to(logp.dtype), zero).detach()
-    if loss_type == "gspo":
+    preset = LOSS_PRESETS[loss_type]
+    if preset["ratio"] == "sequence":
         log_ratio = masked_mean(log_ratio, valid, dim=1)[:, None].expand(B, T)
     ratio = torch.exp(log_ratio)
 
@@ -330,9 +395,9 @@ def policy_loss_with_stats(
         if beta > 0:
             per_token = per_token + beta * kl_tok
 
-    if loss_type in ("grpo", "gspo"):
+    if preset["normalisation"] == "sequence":
         loss = masked_mean(per_token, valid, dim=1).mean()
-    elif loss_type == "dr_grpo":
+    elif preset["normalisation"] == "constant":
         loss = masked_sum(per_token, valid) / (B * max_completion_length)
     else:
         loss = masked_mean(per_token, valid)

@@ -26,7 +26,7 @@ def _hyperparameters(agent) -> dict[str, Any]:
     for name in names:
         try:
             value = agent.get_hyperparameter(name)
-        except (ValueError, AttributeError):
+        except (ValueError, AttributeError, KeyError):
             continue
         out[name] = list(value) if isinstance(value, tuple) else value
     return out
@@ -157,7 +157,8 @@ class Population:
         return population_to_study(self.lineage(), self.report(), hp_config, study_name, storage)
 
     def best(self):
-        """The current member with the highest last fitness."""
+        """The current member with the highest last fitness, among members evaluated since their
+        birth (clones start with an empty fitness history, so an unevaluated clone never wins)."""
         scored = [a for a in self.members if a.fitness]
         return max(scored, key=lambda a: a.fitness[-1]) if scored else self.members[0]
 

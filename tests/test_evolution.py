@@ -73,6 +73,17 @@ def test_clip_coef_reaches_loss_bounds(tiny, batch):
     assert a.config.clip_bounds() == (0.999, 1.001)
 
 
+@pytest.mark.parametrize("name", ["clip_low", "clip_high"])
+def test_clip_low_and_high_reach_loss_bounds(tiny, batch, name):
+    _, ids, masks, rewards = batch
+    a, b = _pair(tiny, name, 0.001, 0.9, update_epochs=3, lr=3e-2)
+    ma, mb = a.learn((ids, masks, rewards)), b.learn((ids, masks, rewards))
+    assert ma["clip_fraction"] > mb["clip_fraction"]
+    side = 0 if name == "clip_low" else 1
+    assert a.config.clip_bounds()[side] == pytest.approx(0.999 if side == 0 else 1.001)
+    assert a.config.clip_bounds()[1 - side] == pytest.approx(0.8 if side == 1 else 1.2)  # the other side: preset
+
+
 @pytest.mark.parametrize("name, low, high", [("loss_type", "grpo", "dr_grpo"), ("scale_rewards", "group", "none")])
 def test_categorical_hyperparameters_reach_loss(tiny, batch, name, low, high):
     _, ids, masks, rewards = batch
@@ -149,8 +160,8 @@ def test_every_grpo_hyperparameter_is_covered():
     """Each name below has an effect test in this file (lora_rank: tests/test_lora_rank.py)."""
     from evollm.algorithms.grpo import GRPO
 
-    covered = {"lr", "beta", "clip_coef", "loss_type", "scale_rewards", "temperature", "top_k", "top_p",
-               "max_grad_norm", "update_epochs", "batch_size", "lora_rank", "group_size"}
+    covered = {"lr", "beta", "clip_coef", "clip_low", "clip_high", "loss_type", "scale_rewards", "temperature",
+               "top_k", "top_p", "max_grad_norm", "update_epochs", "batch_size", "lora_rank", "group_size"}
     assert set(GRPO.MUTABLE) | {"lora_rank"} == covered
 
 

@@ -92,7 +92,7 @@ def test_policy_loss_grpo_reduction_and_stats():
     assert F.policy_loss(logp, old, ADV, MASK, "grpo").item() == pytest.approx(loss.item())
 
 
-@pytest.mark.parametrize("loss_type", ["dapo", "bnpo"])
+@pytest.mark.parametrize("loss_type", ["dapo"])
 def test_policy_loss_token_mean_reduction(loss_type):
     logp, old = inputs()
     close(F.policy_loss(logp, old, ADV, MASK, loss_type), 4.7 / 5)
@@ -194,9 +194,9 @@ def test_policy_loss_empty_sequence_no_nan():
 
 def test_policy_loss_bad_loss_type():
     logp, old = inputs()
-    with pytest.raises(ValueError, match="grpo.*gspo.*dr_grpo.*dapo.*bnpo.*cispo"):
+    with pytest.raises(ValueError, match="grpo.*dr_grpo.*dapo.*gspo.*cispo"):
         F.policy_loss(logp, old, ADV, MASK, "ppo2")
-    assert set(F.LOSS_TYPES) == {"grpo", "gspo", "dr_grpo", "dapo", "bnpo", "cispo"}
+    assert set(F.LOSS_TYPES) == {"grpo", "gspo", "dr_grpo", "dapo", "cispo"}
 
 
 # --------------------------------------------------------------------------- #

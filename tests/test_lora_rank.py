@@ -144,3 +144,54 @@ def test_population_checkpoint_round_trip(tiny, tmp_path, arithmetic_env):
     for a, exp in zip(agents, expected):
         torch.testing.assert_close(a.get_logprobs(seqs), exp, atol=1e-5, rtol=1e-5)
     assert population.report().equals(record.report()) and len(population.lineage()) == 2
+
+
+def _adam_reference(values, state, grads, group):
+    """Plain torch AdamW over a copy of ``values`` started from ``state`` (None: fresh)."""
+    p = torch.nn.Parameter(values.clone())
+    opt = torch.optim.AdamW([p], lr=group["lr"], betas=group["betas"], eps=group["eps"],
+                            weight_decay=group["weight_decay"])
+    if state is not None:
+        opt.state[p] = {k: (v.clone() if torch.is_tensor(v) else v) for k, v in state.items()}
+    out = []
+    for g in grads:
+        p.grad = g.clone()
+        opt.step()
+        out.append(p.detach().clone())
+    return out
+
+
+@pytest.mark.parametrize("clone_first", [False, True])
+def test_grown_directions_step_like_a_fresh_adam(trained, clone_first):
+    """After a rank growth the new LoRA columns take the steps a fresh Adam would take, the old ones
+    the steps their kept moments give; checked for three steps against torch's own AdamW."""
+    agent, _, _ = trained
+    for _ in range(5):  # a step count well past 1, where a kept count would distort the new entries
+        for p in agent.shared.parameters(agent.adapter_name()):
+            p.grad = torch.randn_like(p) * 1e-3
+        agent.optimizer.step()
+    name, B = next((n, p) for n, p in agent.shared.named_parameters(agent.adapter_name()) if "lora_B" in n)
+    state_before = {k: (v.clone() if torch.is_tensor(v) else v) for k, v in agent.optimizer.state[B].items()}
+    old_values, r = B.detach().clone(), agent.lora_rank
+    agent.set_lora_rank(r + 4)
+    position = [n for n, _ in agent.shared.named_parameters(agent.adapter_name())].index(name)
+    if clone_first:  # the clone carries the tracking over to its own optimizer
+        agent = agent.clone()
+    B = list(agent.shared.parameters(agent.adapter_name()))[position]
+    group = agent.optimizer.param_groups[0]
+    torch.manual_seed(0)
+    grads = [torch.randn_like(B) * 1e-3 for _ in range(3)]
+    seen = []
+    for g in grads:
+        for p in agent.shared.parameters(agent.adapter_name()):
+            p.grad = torch.zeros_like(p)
+        B.grad = g.clone()
+        agent.optimizer.step()
+        seen.append(B.detach().clone())
+    fresh = _adam_reference(torch.zeros(B.shape[0], 4), None, [g[:, r:] for g in grads], group)
+    kept = _adam_reference(old_values, state_before, [g[:, :r] for g in grads], group)
+    for got, want_new, want_old in zip(seen, fresh, kept):
+        torch.testing.assert_close(got[:, r:], want_new, rtol=1e-5, atol=1e-9)
+        torch.testing.assert_close(got[:, :r], want_old, rtol=1e-5, atol=1e-9)
+    # the first step of a new direction is about lr in size (a fresh Adam), not 3x as with a kept count
+    assert fresh[0].abs().max() == pytest.approx(group["lr"], rel=1e-3)

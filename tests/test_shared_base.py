@@ -124,7 +124,8 @@ def test_clone_copies_hyperparameters_and_hooks(tiny):
     parent.register_mutation_hook(lambda a: calls.append(a.index))
     parent.fitness.append(0.5)
     child = parent.clone()
-    assert child.lr == 3e-4 and child.beta == 0.02 and child.fitness == [0.5]
+    assert child.lr == 3e-4 and child.beta == 0.02
+    assert child.fitness == [] and child.parent_index == parent.index and parent.fitness == [0.5]
     child.set_hyperparameter("lr", 1e-3)
     assert parent.lr == 3e-4 and parent.optimizer.param_groups[0]["lr"] == 3e-4
     child.run_mutation_hooks()

@@ -8,9 +8,15 @@
   its current update ``s·B·A`` (truncated SVD, Eckart–Young), split evenly as
   ``B = U√Σ/√s``, ``A = √Σ Vᵀ/√s`` with the scale ``s`` kept.
 * Optimizer state: on growth the Adam moments are zero-padded (the old
-  directions keep their moments, the new ones start fresh, ``step`` is kept); on
-  shrink the basis changes, so the moments of the resized tensors are reset.
-  Learning rates and other param-group settings are kept in both cases.
+  directions keep their moments, the new ones start from zero). One tensor holds
+  both, but Adam keeps one step count per tensor: with the old count ``t`` the
+  new entries' bias corrections would be ``1 - beta^t`` instead of a fresh
+  ``1 - beta^k``, and their first steps 2-4x the learning rate. A step hook
+  (:func:`track_fresh_directions`) therefore corrects the new entries after
+  every optimizer step to exactly what a fresh Adam would have done with its own
+  count ``k``; the old entries are untouched. On shrink the basis changes, so
+  the moments of the resized tensors are reset (a fresh Adam for the whole
+  tensor). Learning rates and other param-group settings are kept in both cases.
 """
 
 from __future__ import annotations
@@ -112,18 +118,79 @@ def resize_member(agent, rank: int) -> None:
     kinds = {resize_adapter(agent.shared, agent.adapter_name(role), rank) for role in agent.ROLES}
     if kinds == {"same"}:
         return
+    old_fresh = getattr(agent.optimizer, FRESH_ATTR, {})
     agent.optimizer = agent._build_optimizer()
     new_params = [p for g in agent.optimizer.param_groups for p in g["params"]]
     state = {"param_groups": old_state["param_groups"], "state": {}}
+    fresh: dict[int, list] = {}
     for pid, entry in old_state["state"].items():
         new_shape = tuple(new_params[pid].shape)
         if new_shape == old_shapes[pid]:
             state["state"][pid] = {k: (v.clone() if torch.is_tensor(v) else v) for k, v in entry.items()}
+            if pid in old_fresh:
+                fresh[pid] = old_fresh[pid]
         elif "grow" in kinds:
             state["state"][pid] = {k: (_pad_to(v, new_shape) if k in _ADAM_MOMENTS else
                                        (v.clone() if torch.is_tensor(v) else v)) for k, v in entry.items()}
+            step = int(entry["step"]) if "step" in entry else 0
+            old_entries = _pad_to(torch.ones(old_shapes[pid]), new_shape) > 0
+            fresh[pid] = [(_pad_to(m.float(), new_shape) > 0, b) for m, b in old_fresh.get(pid, [])] \
+                + [(~old_entries, step)]
         # shrink: no entry, so the optimizer starts these tensors' moments afresh
     agent.optimizer.load_state_dict(state)
+    track_fresh_directions(agent.optimizer, fresh)
+
+
+FRESH_ATTR = "_evollm_fresh_directions"
+
+
+def track_fresh_directions(optimizer: torch.optim.Optimizer, fresh: dict[int, list]) -> None:
+    """Give the entries born by a rank growth a fresh Adam's bias corrections.
+
+    ``fresh``: parameter position (in ``param_groups`` order) -> list of ``(mask, step_at_birth)``.
+    After every ``optimizer.step()`` each masked entry's update is replaced by a fresh Adam's: with
+    ``t`` the tensor's step count and ``k = t - step_at_birth`` the entry's own,
+    ``lr * (m / (1 - b1^k)) / (sqrt(v / (1 - b2^k)) + eps)`` instead of the same with ``t``.
+    Entries drop out once the two agree to 1e-7.
+    """
+    if not fresh:
+        return
+    setattr(optimizer, FRESH_ATTR, fresh)
+    optimizer.register_step_post_hook(_fresh_adam_correction)
+
+
+def carry_fresh_directions(source: torch.optim.Optimizer, target: torch.optim.Optimizer) -> None:
+    """Copy the tracking of :func:`track_fresh_directions` to an optimizer over a copy of the params."""
+    fresh = getattr(source, FRESH_ATTR, None)
+    if fresh:
+        track_fresh_directions(target, {pid: [(m.clone(), b) for m, b in v] for pid, v in fresh.items()})
+
+
+@torch.no_grad()
+def _fresh_adam_correction(optimizer, args, kwargs) -> None:
+    fresh = getattr(optimizer, FRESH_ATTR, {})
+    pos = 0
+    for group in optimizer.param_groups:
+        b1, b2 = group["betas"]
+        for p in group["params"]:
+            entries, st = fresh.get(pos), optimizer.state.get(p)
+            pos += 1
+            if not entries or not st or "exp_avg" not in st:
+                continue
+            t = int(st["step"])
+            m, v = st["exp_avg"], st["exp_avg_sq"]
+            kept = (m / (1 - b1 ** t)) / ((v / (1 - b2 ** t)).sqrt() + group["eps"])
+            left = []
+            for mask, born in entries:
+                k = t - born
+                if k <= 0:
+                    left.append((mask, born))
+                    continue
+                own = (m / (1 - b1 ** k)) / ((v / (1 - b2 ** k)).sqrt() + group["eps"])
+                p.sub_(group["lr"] * (own - kept) * mask.to(p.device))
+                if abs(b1 ** k - b1 ** t) > 1e-7 or abs(b2 ** k - b2 ** t) > 1e-7:
+                    left.append((mask, born))
+            fresh[pos - 1] = left
 
 
 def _pad_to(t: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:

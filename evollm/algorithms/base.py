@@ -45,7 +45,12 @@ class AgentConfig:
     update_epochs: int = 1
     max_grad_norm: float | None = 1.0
     beta: float = 0.0
+    #: symmetric clip: ratio in ``[1 - c, 1 + c]``; a tuple ``(lo, hi)`` gives the bounds themselves
     clip_coef: float | tuple[float, float] = 0.2
+    #: lower clip offset: ratio >= ``1 - clip_low``; ``None``: from ``clip_coef`` (wins over it when set)
+    clip_low: float | None = None
+    #: upper clip offset: ratio <= ``1 + clip_high`` (DAPO's clip-higher); ``None``: from ``clip_coef``
+    clip_high: float | None = None
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
@@ -89,11 +94,53 @@ class AgentConfig:
         if not (_finite(lo) and _finite(hi) and 0 <= lo <= 1 <= hi):
             raise ValueError(f"clip_coef={self.clip_coef!r} must give bounds lo <= 1 <= hi, got ({lo}, {hi})")
 
-    def clip_bounds(self) -> tuple[float, float]:
+    def _clip_from_coef(self) -> tuple[float, float]:
         c = self.clip_coef
         if isinstance(c, (tuple, list)):
             return float(c[0]), float(c[1])
         return 1.0 - float(c), 1.0 + float(c)
+
+    def clip_bounds(self) -> tuple[float, float]:
+        """``(lo, hi)`` ratio bounds: ``clip_low``/``clip_high`` where set, else from ``clip_coef``."""
+        lo, hi = self._clip_from_coef()
+        if self.clip_low is not None:
+            lo = 1.0 - float(self.clip_low)
+        if self.clip_high is not None:
+            hi = 1.0 + float(self.clip_high)
+        return lo, hi
+
+    def get_clip(self, name: str) -> float:
+        """Effective ``clip_low``, ``clip_high`` or ``clip_coef`` (the mean of the two offsets)."""
+        lo, hi = self.clip_bounds()
+        if name == "clip_low":
+            return 1.0 - lo
+        if name == "clip_high":
+            return hi - 1.0
+        if isinstance(self.clip_coef, (int, float)) and self.clip_low is None and self.clip_high is None:
+            return float(self.clip_coef)
+        return ((1.0 - lo) + (hi - 1.0)) / 2
+
+    def set_clip(self, name: str, value: float) -> None:
+        """Set ``clip_low``/``clip_high``, or ``clip_coef``: a symmetric float stays a float; an
+        asymmetric range (tuple, clip_low/high, or a preset) has both offsets scaled so their mean
+        is ``value`` and their ratio is kept."""
+        if name in ("clip_low", "clip_high"):
+            setattr(self, name, float(value))
+            return
+        lo, hi = self.clip_bounds()
+        plain = self.clip_low is None and self.clip_high is None and not isinstance(self.clip_coef, (tuple, list))
+        if plain and (isinstance(self.clip_coef, (int, float)) or abs((1.0 - lo) - (hi - 1.0)) < 1e-12):
+            self.clip_coef = float(value)  # a symmetric range stays a plain float
+            return
+        old = self.get_clip("clip_coef")
+        scale = float(value) / old if old > 0 else 1.0
+        low, high = (1.0 - lo) * scale, (hi - 1.0) * scale
+        if old <= 0:
+            low = high = float(value)
+        self.clip_low, self.clip_high = low, high
+
+
+CLIP_NAMES = ("clip_coef", "clip_low", "clip_high")
 
 
 def _finite(value) -> bool:
@@ -122,7 +169,8 @@ class LLMAgent:
 
     config_cls: ClassVar[type] = AgentConfig
     #: hyperparameters the evolution engine may change (beyond ``lora_rank``)
-    MUTABLE: ClassVar[tuple[str, ...]] = ("lr", "beta", "clip_coef", "temperature", "top_p", "top_k",
+    MUTABLE: ClassVar[tuple[str, ...]] = ("lr", "beta", "clip_coef", "clip_low", "clip_high", "temperature",
+                                          "top_p", "top_k",
                                           "max_grad_norm", "update_epochs", "batch_size")
     #: adapter roles a member owns; PPO adds "critic"
     ROLES: ClassVar[tuple[str, ...]] = ("actor",)
@@ -158,6 +206,7 @@ class LLMAgent:
             hp_config.validate_for(self)
         self.fitness: list[float] = []
         self.scores: list[float] = []
+        self.parent_index: int | None = None  # the member this one was cloned from
         self.steps: int = 0
         self.mutation_hooks: list[Callable] = []
         self.last_mutation = None
@@ -220,6 +269,8 @@ class LLMAgent:
         if name not in self.MUTABLE:
             raise ValueError(f"{name!r} cannot evolve on {type(self).__name__}; "
                              f"valid names: {sorted(self.mutable_hyperparameters())}")
+        if name in CLIP_NAMES:
+            return self.config.get_clip(name)
         return getattr(self.config, name)
 
     def set_hyperparameter(self, name: str, value) -> None:
@@ -229,13 +280,17 @@ class LLMAgent:
             return
         self.get_hyperparameter(name)  # validates the name
         trial = copy.deepcopy(self.config)
-        setattr(trial, name, value)
+        if name in CLIP_NAMES:
+            trial.set_clip(name, value)
+        else:
+            setattr(trial, name, value)
         try:
             if hasattr(trial, "validate"):
                 trial.validate()
         except (TypeError, ValueError) as e:
             raise ValueError(f"member {self.index}: {name}={value!r} is not valid: {e}") from None
-        setattr(self.config, name, value)
+        for f in dataclasses.fields(trial):  # in place: whoever holds self.config sees the new value
+            setattr(self.config, f.name, getattr(trial, f.name))
         self._apply_hyperparameter(name, value)
 
     def _apply_hyperparameter(self, name: str, value) -> None:
@@ -266,7 +321,8 @@ class LLMAgent:
 
     def clone(self, index: int | None = None, wrap: bool = True) -> "LLMAgent":
         """A new member on the same base: in-memory copies of the adapters, extra modules and
-        optimizer state; copied hyperparameters, fitness history and hooks."""
+        optimizer state; copied hyperparameters and hooks. The clone starts with an EMPTY fitness
+        history (it has not been evaluated yet) and ``parent_index`` set to this member's id."""
         new = object.__new__(type(self))
         new.index = self.shared.reserve_index(index)
         new.shared = self.shared
@@ -279,8 +335,11 @@ class LLMAgent:
                 for dst, src in zip(new._extra_parameters()[key], params):
                     dst.copy_(src)
         copy_attributes(self, new)
+        new.fitness, new.scores, new.parent_index = [], [], self.index
         new.optimizer = new._build_optimizer()
         new.optimizer.load_state_dict(_clone_optimizer_state(self.optimizer.state_dict()))
+        from ..adapters.resize import carry_fresh_directions
+        carry_fresh_directions(self.optimizer, new.optimizer)
         return new
 
     def release(self) -> None:

@@ -20,14 +20,47 @@ from ..rollout import (Rollout, attention_from_sequences, evaluate_population, g
 
 @dataclass
 class GRPOConfig(AgentConfig):
-    """GRPO hyperparameters (see :class:`AgentConfig` for the shared ones)."""
+    """GRPO hyperparameters (see :class:`AgentConfig` for the shared ones).
+
+    ``loss_type`` picks a row of :data:`evollm.functional.LOSS_PRESETS`; its clip range and
+    reward scaling apply to every field left at ``None`` here (``clip_coef``, ``clip_low``,
+    ``clip_high``, ``scale_rewards``), also after ``loss_type`` mutates. A field the user sets
+    wins over the preset.
+    """
 
     group_size: int = 8
+    #: grpo, dr_grpo, dapo, gspo or cispo (see ``evollm.functional.LOSS_PRESETS``)
     loss_type: str = "grpo"
-    scale_rewards: str = "group"
+    #: "group", "batch" or "none"; None: the loss type's preset
+    scale_rewards: str | None = None
     lr: float = 5e-5
     beta: float = 0.0
-    clip_coef: float | tuple[float, float] = 0.2
+    #: None: the loss type's preset range (clip_low/clip_high still win where set)
+    clip_coef: float | tuple[float, float] | None = None
+    #: DAPO dynamic sampling: drop groups whose rewards are all equal and refill the batch from
+    #: further prompts (at most ``dynamic_sampling_max_batches`` extra batches per step)
+    dynamic_sampling: bool = False
+    dynamic_sampling_max_batches: int = 3
+    #: DAPO overlong reward shaping: a soft penalty over the last ``overlong_buffer`` tokens before
+    #: ``max_output_tokens`` (0: off), reaching ``-overlong_penalty`` at the limit
+    overlong_buffer: int = 0
+    overlong_penalty: float = 1.0
+
+    def preset(self) -> dict:
+        """This loss type's row of :data:`evollm.functional.LOSS_PRESETS` (grpo's for an unknown
+        name, which :meth:`validate` then rejects)."""
+        return F.LOSS_PRESETS.get(self.loss_type, F.LOSS_PRESETS["grpo"])
+
+    def _clip_from_coef(self) -> tuple[float, float]:
+        if self.clip_coef is None:
+            p = self.preset()
+            return 1.0 - float(p["clip_low"]), 1.0 + float(p["clip_high"])
+        return super()._clip_from_coef()
+
+    def reward_scaling(self) -> str:
+        """``scale_rewards``, or the loss type's preset when unset."""
+        return self.scale_rewards if self.scale_rewards is not None else str(self.preset()["scale_rewards"])
+
     #: correction of a sampler/trainer mismatch when the rollouts carry the sampling engine's log-probs
     #: (``rollout_backend="vllm"``): TRL's ``vllm_importance_sampling_mode`` (token_truncate, token_mask,
     #: sequence_truncate, sequence_mask) or ``"none"``; see :func:`evollm.functional.sampler_importance_weights`
@@ -43,8 +76,14 @@ class GRPOConfig(AgentConfig):
             raise ValueError(f"sampler_correction={self.sampler_correction!r} is not valid; choose one of "
                              f"{list(F.SAMPLER_CORRECTIONS) + ['none']}")
         if self.loss_type not in F.LOSS_TYPES:
-            raise ValueError(f"loss_type={self.loss_type!r} is not valid; choose one of {list(F.LOSS_TYPES)}")
-        if self.scale_rewards not in F.ADVANTAGE_SCALES:
+            removed = "; 'bnpo' was removed (it was 'dapo' without clip-higher): use 'dapo'" \
+                if self.loss_type == "bnpo" else ""
+            raise ValueError(f"loss_type={self.loss_type!r} is not valid; choose one of {list(F.LOSS_TYPES)}"
+                             + removed)
+        if self.overlong_buffer < 0 or self.overlong_buffer > self.max_output_tokens:
+            raise ValueError(f"overlong_buffer must be in [0, max_output_tokens={self.max_output_tokens}], "
+                             f"got {self.overlong_buffer}")
+        if self.scale_rewards is not None and self.scale_rewards not in F.ADVANTAGE_SCALES:
             raise ValueError(f"scale_rewards={self.scale_rewards!r} is not valid; "
                              f"choose one of {list(F.ADVANTAGE_SCALES)}")
         if self.group_size < 2:
@@ -84,23 +123,28 @@ class GRPO(LLMAgent):
             value = int(value)
         super().set_hyperparameter(name, value)
 
+    def get_hyperparameter(self, name: str):
+        if name == "scale_rewards":  # the value in effect, preset included
+            return self.config.reward_scaling()
+        return super().get_hyperparameter(name)
+
     # ------------------------------------------------------------------ population constructor
     @classmethod
     def population(cls, size: int, actor_network: torch.nn.Module, hp_config=None, init_hyperparameters=None,
-                   **kwargs) -> list["GRPO"]:
-        """``size`` members on ONE shared base. ``init_hyperparameters``: an optional list of per-member
-        dicts (e.g. from :func:`evollm.hpo.initial_population_hyperparameters`)."""
+                   init_sampler: str | None = "qmc", **kwargs) -> list["GRPO"]:
+        """``size`` members on ONE shared base.
+
+        With an ``hp_config`` the founders' hyperparameters are drawn from it with ``init_sampler``
+        (``"qmc"``: scrambled Sobol, the default; ``"random"``, ``"tpe"``, an Optuna sampler, or
+        ``None`` for identical founders), seeded with ``seed``; a value the caller passes as a keyword
+        (e.g. ``lr=1e-3``) is kept for every founder. ``init_hyperparameters``: an explicit list of
+        per-member dicts instead (e.g. from :func:`evollm.hpo.initial_population_hyperparameters`)."""
+        from ..hpo.founders import founder_hyperparameters
         if size < 1:
             raise ValueError(f"population size must be >= 1, got {size}")
-        if init_hyperparameters is not None and len(init_hyperparameters) != size:
-            raise ValueError(f"init_hyperparameters has {len(init_hyperparameters)} entries for {size} members")
-        members = []
-        for i in range(size):
-            agent = cls(actor_network, hp_config=hp_config, **kwargs)
-            for name, value in (init_hyperparameters[i] if init_hyperparameters else {}).items():
-                agent.set_hyperparameter(name, value)
-            members.append(agent)
-        return members
+        init = founder_hyperparameters(size, hp_config, init_hyperparameters, init_sampler,
+                                       fixed=kwargs, seed=kwargs.get("seed", 0))
+        return [_with_hyperparameters(cls(actor_network, hp_config=hp_config, **kwargs), hps) for hps in init]
 
     # ------------------------------------------------------------------ acting
     def get_action(self, prompts: Sequence[dict], training: bool = True) -> ActionResult:
@@ -153,7 +197,8 @@ class GRPO(LLMAgent):
 
 
 class GSPO(GRPO):
-    """GRPO with one importance ratio per sequence (``loss_type="gspo"``)."""
+    """GRPO with one importance ratio per sequence (``loss_type="gspo"``; preset clip range
+    3e-4/4e-4 as in the GSPO paper unless ``clip_coef``/``clip_low``/``clip_high`` are given)."""
 
     def __init__(self, *args, **kwargs):
         kwargs["loss_type"] = "gspo"
@@ -161,7 +206,8 @@ class GSPO(GRPO):
 
 
 class CISPO(GRPO):
-    """GRPO with the clipped importance-sampling-weight objective (``loss_type="cispo"``)."""
+    """GRPO with the clipped importance-sampling-weight objective (``loss_type="cispo"``; preset
+    cap 5 on the IS weight, i.e. ``clip_high=4.0``, as TRL's ``epsilon_high=5``)."""
 
     def __init__(self, *args, **kwargs):
         kwargs["loss_type"] = "cispo"
@@ -191,9 +237,18 @@ def _prepare(agent: GRPO, experiences) -> _Prepared:
         raise ValueError(f"got {rewards.numel()} rewards for {seqs.shape[0]} completions")
     if rewards.numel() % c.group_size:
         raise ValueError(f"{rewards.numel()} rewards do not split into groups of group_size={c.group_size}")
+    if c.overlong_buffer:
+        rewards = rewards + F.overlong_penalty(mask.sum(1).cpu(), c.max_output_tokens, c.overlong_buffer,
+                                               c.overlong_penalty)
+    sampler = None if sampler is None else stack_rows(sampler, 0).float()
+    if c.dynamic_sampling:  # keep the groups that carry a learning signal
+        keep = F.informative_groups(rewards, c.group_size).repeat_interleave(c.group_size)
+        seqs, mask, rewards = seqs[keep.to(seqs.device)], mask[keep.to(mask.device)], rewards[keep]
+        if sampler is not None:
+            sampler = sampler[keep.to(sampler.device)]
     return _Prepared(seqs, attention_from_sequences(seqs, agent.pad_token_id), mask,
-                     F.group_advantages(rewards, c.group_size, scale=c.scale_rewards), rewards,
-                     sampler=None if sampler is None else stack_rows(sampler, 0).float())
+                     F.group_advantages(rewards, c.group_size, scale=c.reward_scaling()), rewards,
+                     sampler=sampler)
 
 
 def _joint_logprobs(agents, seqs, attn, rows_each: int, grad: bool, reference: bool = False) -> torch.Tensor:
@@ -250,6 +305,9 @@ def grpo_update(agents: Sequence[GRPO], experiences: Sequence) -> list[dict[str,
     the result equals learning member by member. The metrics say which path ran (``learn_path``) and
     in how many passes per minibatch (``learn_chunks``)."""
     batches = [_prepare(a, e) for a, e in zip(agents, experiences)]
+    if any(b.seqs.shape[0] == 0 for b in batches):  # dynamic sampling left a member nothing to learn from
+        return [_no_update(a, b) if b.seqs.shape[0] == 0 else grpo_update([a], [e])[0]
+                for a, b, e in zip(agents, batches, experiences)]
     if len({b.seqs.shape[0] for b in batches}) > 1 and len(agents) > 1:  # ragged: member by member
         out = [grpo_update([a], [e])[0] for a, e in zip(agents, experiences)]
         for m in out:
@@ -334,3 +392,17 @@ def _learn_chunk(agents, batches, rows, stats) -> None:
         st["clip_fraction"].append(s["clip_fraction"])
         st["entropy"].append(float(F.masked_mean(-lp.detach(), m)))
     total.backward()
+
+
+def _with_hyperparameters(agent, hps: dict):
+    for name, value in hps.items():
+        agent.set_hyperparameter(name, value)
+    return agent
+
+
+def _no_update(agent: GRPO, batch: _Prepared) -> dict[str, float]:
+    """Metrics of a step with no informative group (every group's rewards equal): no update."""
+    agent.steps += 1
+    return {"loss": 0.0, "kl": 0.0, "clip_fraction": 0.0, "entropy": float("nan"), "grad_norm": 0.0,
+            "mean_reward": float("nan"), "zero_std_groups": 1.0, "completion_length": float("nan")}
+

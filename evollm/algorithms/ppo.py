@@ -91,7 +91,7 @@ class LLMPPO(EpisodeAgent):
 
     config_cls = LLMPPOConfig
     ROLES = ("actor", "critic")
-    MUTABLE = ("lr", "lr_actor", "lr_critic", "clip_coef", "vf_coef", "ent_coef", "gamma", "gae_lambda", "beta",
+    MUTABLE = ("lr", "lr_actor", "lr_critic", "clip_coef", "clip_low", "clip_high", "vf_coef", "ent_coef", "gamma", "gae_lambda", "beta",
                "update_epochs", "batch_size", "temperature", "top_p", "top_k", "max_grad_norm")
 
     # ------------------------------------------------------------------ networks and optimizer
@@ -223,7 +223,7 @@ class LLMPPO(EpisodeAgent):
                     del logits
                     pg_loss, st = F.policy_loss_with_stats(
                         logp, old_logp[rows] if old_logp is not None else logp.detach(), token_adv[rows],
-                        sub.action_mask, loss_type="bnpo", clip=c.clip_bounds(),
+                        sub.action_mask, loss_type="dapo", clip=c.clip_bounds(),
                         ref_logp=ref_logp[rows] if ref_logp is not None else None, beta=c.beta)
                     actor_loss = pg_loss - c.ent_coef * entropy
                     actor_loss.backward()

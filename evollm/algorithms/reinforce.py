@@ -108,7 +108,7 @@ class LLMREINFORCE(EpisodeAgent):
                     # with old == current (first pass) the clipped surrogate's gradient is exactly -A * grad log pi
                     loss, st = F.policy_loss_with_stats(
                         logp, old_logp[rows] if old_logp is not None else logp.detach(), advantages[rows], mask[rows],
-                        loss_type="bnpo", clip=c.clip_bounds(),
+                        loss_type="dapo", clip=c.clip_bounds(),
                         ref_logp=ref_logp[rows] if ref_logp is not None else None, beta=c.beta)
                     stats["grad_norm"].append(self.optimizer_step(loss, params))
                     stats["loss"].append(float(loss.detach()))

@@ -27,12 +27,24 @@ class Mutations:
         rl_hp: relative probability of mutating one RL hyperparameter.
         lora_rank: relative probability of resizing the adapters; only applies
             to agents whose ``hp_config`` contains ``lora_rank``.
-        explore_prob: probability that a mutation resamples the value over its
-            whole range instead of perturbing it.
+        explore_prob: probability that a mutation resamples the value from its
+            prior (uniform or log-uniform over its whole range) instead of
+            perturbing it (PBT's "resample probability").
         rand_seed: seed of the generator behind every random decision.
+        perturb: ``"one"`` (default) mutates one randomly chosen RL
+            hyperparameter per ``rl_hp`` mutation; ``"all"`` perturbs every RL
+            hyperparameter of the agent's ``hp_config`` at once (PBT's explore
+            step).
+        resample_prob: PBT name of ``explore_prob``; when given it wins.
+        mutate_elite: also mutate the elite kept by selection (off by default:
+            the elite stays exactly the evaluated member it was).
         **agilerl_options: AgileRL's ``architecture``, ``new_layer_prob``, ``parameters``,
             ``activation`` (must be 0: networks do not mutate here), ``mutation_sd``, ``device``,
             ``accelerator`` (no effect); see :mod:`evollm.hpo.compat`.
+
+    Every recorded mutation changes a value: :meth:`RLParameter.mutate` always
+    moves an in-range value, and a mutation that cannot (a range with a single
+    value) is recorded as ``"none"``.
 
     Probabilities are normalised. For each agent, the mass of a kind that
     cannot apply (``lora_rank`` not in its config, no RL hyperparameter in
@@ -42,8 +54,14 @@ class Mutations:
 
     def __init__(self, no_mutation: float = 0.4, rl_hp: float = 0.6,
                  lora_rank: float = 0.0, explore_prob: float = 0.0,
-                 rand_seed: Optional[int] = None, **agilerl_options: Any) -> None:
+                 rand_seed: Optional[int] = None, perturb: str = "one",
+                 resample_prob: Optional[float] = None, mutate_elite: bool = False,
+                 **agilerl_options: Any) -> None:
         check_agilerl_mutation_options(agilerl_options)
+        if resample_prob is not None:
+            explore_prob = resample_prob
+        if perturb not in ("one", "all"):
+            raise ValueError(f"Mutations.perturb must be 'one' or 'all', got {perturb!r}")
         probs = {"no_mutation": no_mutation, "rl_hp": rl_hp, "lora_rank": lora_rank}
         for name, p in probs.items():
             if not np.isfinite(p) or p < 0:
@@ -58,6 +76,8 @@ class Mutations:
         self.rl_hp = rl_hp / total
         self.lora_rank = lora_rank / total
         self.explore_prob = float(explore_prob)
+        self.perturb = perturb
+        self.mutate_elite = bool(mutate_elite)
         self.rand_seed = rand_seed
         self.rng = np.random.default_rng(rand_seed)
 
@@ -112,22 +132,38 @@ class Mutations:
             agent.run_mutation_hooks()
         return record
 
+    @property
+    def resample_prob(self) -> float:
+        """PBT name of :attr:`explore_prob`."""
+        return self.explore_prob
+
     def _mutate_rl_hp(self, agent: Any) -> MutationRecord:
         names = agent.hp_config.rl_hp_names()
-        name = names[int(self.rng.integers(len(names)))]
-        param = agent.hp_config[name]
-        old = agent.get_hyperparameter(name)
-        new, explored = param.mutate(old, self.rng, self.explore_prob)
-        agent.set_hyperparameter(name, new)
-        return MutationRecord(kind="rl_hp", name=name, old=old, new=new, explored=explored)
+        if self.perturb == "one":
+            names = (names[int(self.rng.integers(len(names)))],)
+        old, new, explored = {}, {}, False
+        for name in names:
+            before = agent.get_hyperparameter(name)
+            after, resampled = agent.hp_config[name].mutate(before, self.rng, self.explore_prob)
+            if after == before:  # a single-value range: nothing can move
+                continue
+            agent.set_hyperparameter(name, after)
+            old[name], new[name], explored = before, after, explored or resampled
+        if not new:
+            return MutationRecord(kind="none")
+        if len(new) == 1:
+            (name, value), = new.items()
+            return MutationRecord(kind="rl_hp", name=name, old=old[name], new=value, explored=explored)
+        return MutationRecord(kind="rl_hp", name=",".join(new), old=old, new=new, explored=explored)
 
     def _mutate_lora_rank(self, agent: Any) -> MutationRecord:
         param = agent.hp_config[LORA_RANK]
         old = int(agent.lora_rank)
         new, explored = param.mutate(old, self.rng, self.explore_prob)
         new = int(new)
-        if new != old:  # resizing to the same rank would only waste work
-            agent.set_lora_rank(new)
+        if new == old:  # a single-value range
+            return MutationRecord(kind="none")
+        agent.set_lora_rank(new)
         return MutationRecord(kind="lora_rank", name=LORA_RANK, old=old, new=new,
                               explored=explored)
 
@@ -141,4 +177,4 @@ class Mutations:
     def __repr__(self) -> str:
         return (f"Mutations(no_mutation={self.no_mutation:.3g}, rl_hp={self.rl_hp:.3g}, "
                 f"lora_rank={self.lora_rank:.3g}, explore_prob={self.explore_prob}, "
-                f"rand_seed={self.rand_seed})")
+                f"perturb={self.perturb!r}, mutate_elite={self.mutate_elite}, rand_seed={self.rand_seed})")

@@ -126,40 +126,70 @@ class RLParameter:
 
     def mutate(self, value: Any, rng: np.random.Generator,
                explore_prob: float = 0.0) -> tuple[Any, bool]:
-        """Return ``(new_value, explored)``.
+        """Return ``(new_value, explored)``; ``new_value != value`` whenever the range allows it.
 
         With probability ``explore_prob`` the value is resampled over the whole
-        range (:meth:`sample`) and ``explored`` is ``True``. Otherwise it is
-        perturbed: multiplied by ``grow_factor`` or ``shrink_factor`` (50/50).
-        Integers are rounded to the nearest integer; when rounding leaves an
-        integer unchanged it steps by 1 in the direction of the perturbation,
-        so an integer always moves unless clamped at a bound. A categorical
-        perturbation picks a different choice uniformly. The result is always
-        clamped to ``[min, max]``.
+        range (:meth:`sample`, redrawn or perturbed if the draw equals ``value``)
+        and ``explored`` is ``True``. Otherwise it is perturbed:
+
+        * floats are multiplied by ``grow_factor`` or ``shrink_factor`` (50/50);
+          on a linear scale, a value whose magnitude is below a floor of 1/10 of
+          the range (e.g. ``beta = 0``) takes an additive step of ``(factor - 1) * floor``
+          instead, so zero is not a fixed point;
+        * integers are rounded to the nearest integer and step by 1 in the
+          direction of the perturbation when rounding leaves them unchanged;
+        * categorical values move to a different choice, picked uniformly.
+
+        A step past a bound is reflected back into ``[min, max]`` (a value at
+        ``max`` that grows comes back below it) instead of being clamped onto
+        the bound. The value is returned unchanged only when the range has a
+        single value (``min == max`` or one choice).
         """
         if not 0.0 <= explore_prob <= 1.0:
             raise ValueError(f"explore_prob must be in [0, 1], got {explore_prob!r}")
         if explore_prob > 0.0 and rng.random() < explore_prob:
-            return self.sample(rng), True
+            for _ in range(8):
+                new = self.sample(rng)
+                if new != value:
+                    return new, True
+            return self._perturb(value, rng), True
+        return self._perturb(value, rng), False
+
+    def _perturb(self, value: Any, rng: np.random.Generator) -> Any:
         if self.is_categorical:
             others = [c for c in self.choices if c != value]
-            if not others:
-                return value, False
-            return others[int(rng.integers(len(others)))], False
+            return others[int(rng.integers(len(others)))] if others else value
+        if self.min == self.max:
+            return self.clamp(self.min)
         grow = bool(rng.random() < 0.5)
         factor = self.grow_factor if grow else self.shrink_factor
-        raw = value * factor
         if self.dtype is int:
             value = int(value)
-            new = _round_half_up(raw)
+            new = _round_half_up(value * factor)
             if new == value:
-                if raw != value:
-                    step = 1 if raw > value else -1
-                else:  # e.g. value 0: follow the grow/shrink choice
-                    step = 1 if grow else -1
-                new = value + step
-            return self.clamp(new), False
-        return self.clamp(raw), False
+                new = value + (1 if grow else -1)
+            new = int(self._reflect(new))
+            if new == value:  # reflected onto itself (a unit step at a bound): step the other way
+                new = value + (-1 if new >= self.max else 1)
+            return self.clamp(new)
+        value = float(value)
+        floor = 0.1 * (self.max - self.min)
+        if (self.log or abs(value) >= floor) and value * factor != value:
+            raw = value * factor
+        else:
+            raw = value + (factor - 1.0) * (floor if floor > 0 else 1.0)
+        new = self.clamp(self._reflect(raw))
+        if new == value:  # e.g. a factor of 1: move by a tenth of the range instead
+            new = self.clamp(self._reflect(value + (floor if grow else -floor)))
+        return new
+
+    def _reflect(self, x: float) -> float:
+        """Reflect ``x`` off the bounds back into ``[min, max]`` (clamped if it overshoots twice)."""
+        if x > self.max:
+            x = self.max - (x - self.max)
+        elif x < self.min:
+            x = self.min + (self.min - x)
+        return min(max(x, self.min), self.max)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-friendly representation; inverse of :meth:`from_dict`."""

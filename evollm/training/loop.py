@@ -21,6 +21,7 @@ from .. import distributed as dist
 from ..population import Population
 from ..rollout import evaluate_population, generate_population
 from ..run.measure import member_tokens, with_costs
+from .dynamic_sampling import refill
 from .callbacks import Callback, LoopState, call
 from .quarantine import check_members, evaluate_healthy, is_quarantined, replace_quarantined
 from .compat import agilerl_extras, pick_selection, resolve_max_steps
@@ -115,24 +116,42 @@ def evolve(pop: Sequence, train_step: Callable[[list, int], dict[int, dict]],
             break
         if evo_steps is not None and done % evo_steps == 0 and done < max_steps:
             dist.sync_rng(tournament, mutation)  # one source of randomness: process 0's
-            agents, result = _evolve_once(agents, tournament, mutation, record, done)
+            save = (lambda elite: elite.save_checkpoint(Path(elite_path or "elite") / f"step_{done}")) \
+                if save_elite and main else None
+            agents, result = _evolve_once(agents, tournament, mutation, record, done, save)
             dist.agree(dist.population_digest(agents), f"the population after selection at step {done}")
             state.agents = agents
             call(callbacks, "on_selection", state, result)
-            if save_elite and main:
-                record.best().save_checkpoint(Path(elite_path or "elite") / f"step_{done}")
         state.agents = agents
         call(callbacks, "on_step_complete", state)
     record.members = list(agents)
+    if save_elite and main:  # the best member of the last evaluation (every member was evaluated at the end)
+        record.best().save_checkpoint(Path(elite_path or "elite") / "final")
     call(callbacks, "on_train_end", state)
     return agents, record
 
 
-def _evolve_once(agents: list, tournament, mutation, record: Population, step: int) -> list:
+def selection_elite(result, old_agents: Sequence):
+    """The evaluated best member of a selection: the kept elite, or the best-scored old member."""
+    if result.elite is not None:
+        return result.elite
+    return next(a for a in old_agents if int(a.index) == result.best_index)
+
+
+def _evolve_once(agents: list, tournament, mutation, record: Population, step: int,
+                 save_elite: Callable | None = None) -> list:
     result = tournament.select(agents)
     replace_quarantined(result, agents, tournament)
-    mutation.mutation(result.mutate)
+    elite = selection_elite(result, agents)
+    if save_elite is not None:  # before any mutation or release: the member that was evaluated
+        save_elite(elite)
+    targets = list(result.mutate)
+    if getattr(mutation, "mutate_elite", False) and result.elite is not None:
+        targets.append(result.elite)
+    mutation.mutation(targets)
     record.record_selection(result, step)
+    if result.elite is not None and result.elite in targets:
+        record.record_mutations([result.elite], step)
     for old in result.dropped:
         if old not in result.population:
             old.release()
@@ -282,6 +301,7 @@ def finetune_llm_reasoning(pop: Sequence, env, max_steps: int | None = None, eva
                 exp = exp + (rollout.sampler_logp,)
             experiences.append(exp)
         env.step_to_next_batch()
+        experiences = refill(active, experiences, env, generate_population)  # members with dynamic_sampling
         learnt = time.perf_counter()
         metrics = dict(zip([a.index for a in active], learn_all(active, experiences)))
         return with_costs(metrics, member_tokens(active, [e[1] for e in experiences]), generated - started,

@@ -1,0 +1,28 @@
+"""Founders of a population: whose hyperparameters a new population starts from."""
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+from evollm.hpo.optuna_utils import initial_population_hyperparameters
+
+
+def founder_hyperparameters(size: int, hp_config=None, init_hyperparameters: Optional[Sequence[dict]] = None,
+                            init_sampler: Any = "qmc", fixed: Optional[dict] = None,
+                            seed: Optional[int] = 0) -> list[dict[str, Any]]:
+    """One dict of hyperparameters per founder.
+
+    ``init_hyperparameters`` (one dict per founder) is used as given. Otherwise, with an
+    ``hp_config`` and a sampler, every founder draws each of the config's parameters with
+    ``init_sampler`` (``"qmc"`` by default), except the names in ``fixed`` (values the user set
+    explicitly: they win and are the same for every founder). Without either, founders are
+    identical (empty dicts).
+    """
+    if init_hyperparameters is not None:
+        if len(init_hyperparameters) != size:
+            raise ValueError(f"init_hyperparameters has {len(init_hyperparameters)} entries for {size} members")
+        return [dict(d) for d in init_hyperparameters]
+    if hp_config is None or init_sampler is None or size < 2:
+        return [{} for _ in range(size)]
+    draws = initial_population_hyperparameters(hp_config, size, sampler=init_sampler, seed=seed)
+    fixed = set(fixed or ())
+    return [{k: v for k, v in d.items() if k not in fixed} for d in draws]
