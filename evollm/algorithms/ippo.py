@@ -377,7 +377,9 @@ class IPPOTeam:
         info = {"algorithm": type(self).__name__, "index": self.index, "config": _jsonable(self.config),
                 "hp_config": self.hp_config.to_dict() if self.hp_config is not None else None,
                 "fitness": [_jsonable(f) for f in self.fitness], "scores": [_jsonable(s) for s in self.scores],
-                "steps": self.steps, "agents": [a.index for a in self.agents]}
+                "steps": self.steps, "agents": [a.index for a in self.agents],
+                "pad_token_id": self.pad_token_id, "pad_token": self.agents[0].pad_token,
+                "eos_token_id": self.agents[0].eos_token_id}
         (path / "team.json").write_text(json.dumps(info, indent=1))
         return path
 
@@ -411,6 +413,9 @@ class IPPOTeam:
             lora = LoraConfig.from_pretrained(str(path / f"agent_{i}" / "adapter"))
             lora.inference_mode = False
             configs.append(lora)
+        if tokenizer is None:
+            for key in ("pad_token_id", "pad_token", "eos_token_id"):
+                kwargs.setdefault(key, info.get(key))
         team = cls(model, tokenizer, config=IPPOConfig(**info["config"]), lora_configs=configs, **kwargs)
         team.load_checkpoint(path)
         return team

@@ -156,16 +156,24 @@ def ppo_update(agents: Sequence, experiences: Sequence) -> list[dict[str, float]
             subs = [m.rows(r) for m, r in zip(members, rows)]
             ids, attn = torch.cat([s.input_ids for s in subs]), torch.cat([s.attention_mask for s in subs])
             k = len(rows[0])
-            logits, hidden = _forward(agents, actors, ids, attn, True, not separate)
-            if separate:
-                hidden = _forward(agents, critics, ids, attn, True, True)[1]
-            total = 0.0
-            for i, (m, r, sub) in enumerate(zip(members, rows, subs)):
-                total = total + _member_loss(m, r, sub, logits[i * k:(i + 1) * k], hidden[i * k:(i + 1) * k])
-            del logits, hidden
             for a in agents:
                 a.optimizer.zero_grad(set_to_none=True)
+            # actors (and value heads on them): one forward, one backward; a separate critic's forward
+            # runs after the actors' backward (switching adapters must not touch a graph still in use)
+            logits, hidden = _forward(agents, actors, ids, attn, True, not separate)
+            total = 0.0
+            for i, (m, r, sub) in enumerate(zip(members, rows, subs)):
+                total = total + _policy_loss(m, r, sub, logits[i * k:(i + 1) * k])
+                if not separate:
+                    total = total + _value_loss(m, r, sub, hidden[i * k:(i + 1) * k])
+            del logits, hidden
             total.backward()  # each member's loss reaches only its own adapters and value head
+            if separate:
+                hidden = _forward(agents, critics, ids, attn, True, True)[1]
+                total = sum(_value_loss(m, r, sub, hidden[i * k:(i + 1) * k])
+                            for i, (m, r, sub) in enumerate(zip(members, rows, subs)))
+                del hidden
+                total.backward()
             for m in members:
                 m.stats["grad_norm_actor"].append(m.agent._clip("actor"))
                 m.stats["grad_norm_critic"].append(m.agent._clip("critic"))
@@ -174,9 +182,8 @@ def ppo_update(agents: Sequence, experiences: Sequence) -> list[dict[str, float]
     return [_finish(m) for m in members]
 
 
-def _member_loss(m: _Member, rows: torch.Tensor, sub: EpisodeBatch, logits: torch.Tensor,
-                 hidden: torch.Tensor) -> torch.Tensor:
-    """Clipped policy loss (+ KL) - entropy bonus + ``vf_coef`` * (clipped) value loss of one member."""
+def _policy_loss(m: _Member, rows: torch.Tensor, sub: EpisodeBatch, logits: torch.Tensor) -> torch.Tensor:
+    """Clipped policy loss (+ ``beta`` * KL) - ``ent_coef`` * entropy of one member's minibatch."""
     a, c = m.agent, m.agent.config
     logits = _scaled(a, logits)
     logp = F.token_logprobs(logits, sub.input_ids[:, 1:])
@@ -186,17 +193,24 @@ def _member_loss(m: _Member, rows: torch.Tensor, sub: EpisodeBatch, logits: torc
         logp, m.old_logp[rows] if m.old_logp is not None else logp.detach(), m.token_adv[rows], sub.action_mask,
         loss_type="bnpo", clip=c.clip_bounds(), ref_logp=m.ref_logp[rows] if m.ref_logp is not None else None,
         beta=c.beta)
-    values, _ = a._state_values(_values(a, hidden), sub, m.token_level)
-    v_loss = F.value_loss(values, m.old_values[rows], m.returns[rows], m.vmask[rows], clip=value_clip(a))
-    loss = pg_loss - c.ent_coef * entropy + c.vf_coef * v_loss
+    loss = pg_loss - c.ent_coef * entropy
     s = m.stats
     s["loss"].append(float(loss.detach()))
     s["policy_loss"].append(float(pg_loss.detach()))
-    s["value_loss"].append(float(v_loss.detach()))
     s["entropy"].append(float(entropy.detach()))
     s["kl"].append(st["kl"])
     s["clip_fraction"].append(st["clip_fraction"])
     return loss
+
+
+def _value_loss(m: _Member, rows: torch.Tensor, sub: EpisodeBatch, hidden: torch.Tensor) -> torch.Tensor:
+    """``vf_coef`` * (clipped) value loss of one member's minibatch (added to its ``loss`` metric)."""
+    a, c = m.agent, m.agent.config
+    values, _ = a._state_values(_values(a, hidden), sub, m.token_level)
+    v_loss = F.value_loss(values, m.old_values[rows], m.returns[rows], m.vmask[rows], clip=value_clip(a))
+    m.stats["value_loss"].append(float(v_loss.detach()))
+    m.stats["loss"][-1] += c.vf_coef * float(v_loss.detach())
+    return c.vf_coef * v_loss
 
 
 def _finish(m: _Member) -> dict[str, float]:
