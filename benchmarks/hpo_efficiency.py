@@ -129,7 +129,7 @@ def _train_single(cfg, seed: int, steps: int, hps: dict):
 def arm_a(cfg, seed: int, steps: int) -> dict:
     from evollm.algorithms.grpo import GRPO
     from evollm.hpo import Mutations, TournamentSelection, initial_population_hyperparameters
-    from evollm.training.batched import evaluate_population
+    from evollm.rollout import evaluate_population
     from evollm.training.loop import finetune_llm_reasoning
 
     hp_config = _hp_config(cfg)

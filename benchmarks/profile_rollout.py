@@ -37,10 +37,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from rollout_speed import build  # noqa: E402  (same model, members and data as the speed benchmark)
 
 from evollm.adapters import routing  # noqa: E402
-from evollm.algorithms.rollout import collate_prompts, generate  # noqa: E402
+from evollm.rollout import collate_prompts, generate  # noqa: E402
 from evollm.envs.reasoning import ReasoningGym  # noqa: E402
 from evollm.tasks import ARITHMETIC_TEMPLATE, exact_match_reward  # noqa: E402
-from evollm.training.batched import generate_population  # noqa: E402
+from evollm.rollout import generate_population  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

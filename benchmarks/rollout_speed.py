@@ -10,7 +10,7 @@ from other processes hits all of them alike:
 * ``batched`` -- ``generate_population(members, prompts)``          (N members in ONE generate)
 * ``serial``  -- ``agent.get_action(prompts)`` for each member in turn
 * ``peft``    -- PEFT's own mixed batch: ``PeftModel(..., adapter_names=[one name per row])``,
-                 same prefix-sharing recipe as ``evollm.algorithms.rollout.generate``
+                 same prefix-sharing recipe as ``evollm.rollout.generate``
 
 Usage: ``python benchmarks/rollout_speed.py [--members 8] [--prompts 8 16] [--reps 15]``
 Writes ``benchmarks/results/rollout_speed.json``.
@@ -32,11 +32,11 @@ import transformers
 
 from evollm.adapters.shared import default_lora_config
 from evollm.algorithms.grpo import GRPO
-from evollm.algorithms.rollout import collate_prompts, position_ids_from_mask
+from evollm.rollout import collate_prompts, position_ids_from_mask
 from evollm.envs.reasoning import ReasoningGym
 from evollm.models import load_tiny_model
 from evollm.tasks import ARITHMETIC_TEMPLATE, arithmetic_dataset, exact_match_reward
-from evollm.training.batched import generate_population
+from evollm.rollout import generate_population
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

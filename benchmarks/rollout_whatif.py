@@ -31,7 +31,7 @@ from rollout_speed import build  # noqa: E402  (same model, members and data as 
 from evollm.adapters import routing  # noqa: E402
 from evollm.envs.reasoning import ReasoningGym  # noqa: E402
 from evollm.tasks import ARITHMETIC_TEMPLATE, exact_match_reward  # noqa: E402
-from evollm.training import batched  # noqa: E402
+from evollm.rollout import population as batched  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ORIGINAL_ROUTED, ORIGINAL_MULTINOMIAL = batched.routed, torch.multinomial

@@ -3,7 +3,7 @@ warm start, train, measure again."""
 
 from __future__ import annotations
 
-from .training.batched import evaluate_population
+from .rollout import evaluate_population
 
 
 def run_reasoning(cfg, members, tokenizer, train_cfg: dict, evo_steps, selection, mutation, quiet: bool) -> dict:

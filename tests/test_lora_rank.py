@@ -7,7 +7,7 @@ from conftest import make_grpo
 
 from evollm.adapters.resize import lora_factors
 from evollm.hpo import HyperparameterConfig, Mutations, RLParameter
-from evollm.training.batched import generate_population
+from evollm.rollout import generate_population
 
 
 def _randomise(agent, seed=0, scale=0.2):

@@ -4,10 +4,10 @@ import random
 import pytest
 import torch
 
-from evollm.algorithms.multiturn_rollout import (episode_batch, pack_actions, play_episodes, stack_episodes,
-                                                 unpack_actions)
+from evollm.algorithms.multiturn_rollout import episode_batch, pack_actions, unpack_actions
 from evollm.envs.multiturn import TokenObservationWrapper
 from evollm.models.tokenizer import build_tokenizer
+from evollm.rollout import play_episodes, stack_episodes
 from evollm.tasks.games import ChainCalcEnv, GuessNumberEnv, game_env_factory, make_game, parse_int
 
 
@@ -202,7 +202,7 @@ def test_pack_unpack_roundtrip():
 def test_finetune_llm_multiturn_evolves_mixed_population(tok):
     from evollm.adapters.shared import default_lora_config
     from evollm.algorithms.grpo import GRPO
-    from evollm.algorithms.multiturn_rollout import collect_episodes
+    from evollm.rollout import collect_episodes
     from evollm.algorithms.ppo import LLMPPO
     from evollm.algorithms.reinforce import LLMREINFORCE
     from evollm.hpo import HyperparameterConfig, Mutations, RLParameter, TournamentSelection

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from evollm.adapters.shared import default_lora_config
-from evollm.algorithms.multiturn_rollout import EnvPool
+from evollm.rollout import EnvPool
 from evollm.algorithms.ppo import LLMPPO
 from evollm.algorithms.reinforce import LLMREINFORCE
 from evollm.envs.reasoning import ReasoningGym

@@ -133,7 +133,7 @@ def test_clone_copies_hyperparameters_and_hooks(tiny):
 
 def test_shared_prompt_prefix_matches_plain_generation(tiny, arithmetic_env):
     """Prefilling each prompt once and repeating its KV cache gives the same tokens."""
-    from evollm.algorithms.rollout import SamplingConfig, collate_prompts, generate
+    from evollm.rollout import SamplingConfig, collate_prompts, generate
 
     model, tok = tiny
     pop = make_grpo(model, tok, n=2)

@@ -17,7 +17,7 @@ import torch
 from peft import LoraConfig
 
 from ..adapters.shared import SharedBase, default_lora_config
-from .rollout import SamplingConfig, collate_prompts, forward_logprobs
+from ..rollout import SamplingConfig, collate_prompts, forward_logprobs
 
 @dataclass
 class AgentConfig:

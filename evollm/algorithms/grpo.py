@@ -14,8 +14,8 @@ import torch
 
 from .. import functional as F
 from .base import AgentConfig, LLMAgent
-from ..adapters.routing import routed
-from .rollout import action_mask_for, forward_logprobs, generate, sequence_attention_mask
+from ..rollout import (Rollout, attention_from_sequences, evaluate_population, generate_population, member_logprobs,
+                       stack_rows)
 
 
 @dataclass
@@ -43,23 +43,6 @@ class GRPOConfig(AgentConfig):
         lo, hi = self.clip_bounds()
         if not 0 <= lo <= 1 <= hi:
             raise ValueError(f"clip_coef={self.clip_coef!r} must give bounds lo <= 1 <= hi, got ({lo}, {hi})")
-
-
-@dataclass
-class Rollout:
-    """One member's sampled completions for a batch of prompts."""
-
-    sequences: torch.Tensor  # [P*G, L] prompt + completion ids
-    attention_mask: torch.Tensor  # [P*G, L]
-    action_mask: torch.Tensor  # [P*G, L-1] 1 on generated tokens (up to the first eos)
-    prompt_len: int
-    group_size: int
-
-    def per_prompt(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        g = self.group_size
-        n = self.sequences.shape[0] // g
-        return ([self.sequences[i * g:(i + 1) * g] for i in range(n)],
-                [self.action_mask[i * g:(i + 1) * g] for i in range(n)])
 
 
 class GRPO(LLMAgent):
@@ -101,14 +84,8 @@ class GRPO(LLMAgent):
         return rollout.per_prompt()
 
     def rollout(self, prompts: Sequence[dict], training: bool = True) -> Rollout:
-        ids, mask = self._collate(prompts)
-        group = self.config.group_size if training else 1
-        with self.shared.use(self.adapter_name("actor")) as model:
-            model.eval()
-            seqs = generate(model, ids, mask, self.sampling_config(training, group), self.pad_token_id,
-                            self.eos_token_id)
-        return Rollout(seqs, sequence_attention_mask(seqs, mask), action_mask_for(seqs, ids.shape[1],
-                       self.eos_token_id), ids.shape[1], group)
+        """This member's samples of ``prompts`` (``group_size`` per prompt when training, else one greedy)."""
+        return generate_population([self], prompts, training)[self.index]
 
     # ------------------------------------------------------------------ learning
     def learn(self, experiences) -> dict[str, float]:
@@ -140,7 +117,6 @@ class GRPO(LLMAgent):
         """Fitness: mean reward on the env's FIXED test set with greedy decoding (appended to
         ``self.fitness``). Greedy decoding of fixed prompts is deterministic, so ``loop`` (kept for
         API compatibility) never changes the result and one pass is run."""
-        from ..training.batched import evaluate_population
         return evaluate_population([self], env)[0]
 
 
@@ -173,33 +149,23 @@ class _Prepared:
 
 def _prepare(agent: GRPO, experiences) -> _Prepared:
     completion_ids, action_masks, rewards = experiences
-    seqs = _stack(completion_ids, agent.pad_token_id)
-    mask = _stack(action_masks, 0).to(seqs.device)
+    seqs = stack_rows(completion_ids, agent.pad_token_id)
+    mask = stack_rows(action_masks, 0).to(seqs.device)
     rewards = torch.as_tensor(rewards, dtype=torch.float32).reshape(-1)
     c = agent.config
     if rewards.numel() != seqs.shape[0]:
         raise ValueError(f"got {rewards.numel()} rewards for {seqs.shape[0]} completions")
     if rewards.numel() % c.group_size:
         raise ValueError(f"{rewards.numel()} rewards do not split into groups of group_size={c.group_size}")
-    return _Prepared(seqs, _attention_from_sequences(seqs, agent.pad_token_id), mask,
+    return _Prepared(seqs, attention_from_sequences(seqs, agent.pad_token_id), mask,
                      F.group_advantages(rewards, c.group_size, scale=c.scale_rewards), rewards)
 
 
 def _joint_logprobs(agents, seqs, attn, rows_each: int, grad: bool, reference: bool = False) -> torch.Tensor:
     """Log-probs of concatenated row blocks, block ``i`` under ``agents[i]`` (or the reference)."""
     a0, c = agents[0], agents[0].config
-    if reference:
-        ctx = a0.shared.reference()
-    elif len(agents) == 1:
-        ctx = a0.shared.use(a0.adapter_name("actor"), train=grad)
-    else:
-        ctx = routed(a0.shared, [a.adapter_name("actor") for a in agents], [rows_each] * len(agents),
-                     differentiable=grad)
-    chunk = c.logprob_chunk_rows if len(agents) == 1 or reference else seqs.shape[0]
-    with torch.set_grad_enabled(grad), ctx as model:
-        if grad:
-            model.train()
-        return forward_logprobs(model, seqs, attn, c.temperature, chunk, logits_budget_mb=c.logits_budget_mb)
+    return member_logprobs(a0.shared, [a.adapter_name("actor") for a in agents], seqs, attn, rows_each, grad,
+                           reference, c.temperature, c.logprob_chunk_rows, c.logits_budget_mb)
 
 
 def _fits_one_forward(agents, tokens: int) -> bool:
@@ -275,22 +241,3 @@ def grpo_update(agents: Sequence[GRPO], experiences: Sequence) -> list[dict[str,
                        completion_length=float(b.mask.sum(1).float().mean()))
         out.append(metrics)
     return out
-
-
-def _stack(rows, pad_value: int) -> torch.Tensor:
-    """Stack per-prompt tensors (or pass a tensor through), right-padding to a common width."""
-    if torch.is_tensor(rows):
-        return rows
-    rows = [torch.as_tensor(r) for r in rows]
-    rows = [r.unsqueeze(0) if r.dim() == 1 else r for r in rows]
-    width = max(r.shape[1] for r in rows)
-    padded = [torch.nn.functional.pad(r, (0, width - r.shape[1]), value=pad_value) for r in rows]
-    return torch.cat(padded, dim=0)
-
-
-def _attention_from_sequences(seqs: torch.Tensor, pad_token_id: int) -> torch.Tensor:
-    """Recover the attention mask of left-padded prompt + completion rows: the leading pad run is
-    masked, everything after the first real token is visible."""
-    is_pad = seqs == pad_token_id
-    leading_pad = is_pad.long().cumprod(dim=1).bool()
-    return (~leading_pad).long()

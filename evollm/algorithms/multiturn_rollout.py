@@ -1,10 +1,6 @@
-"""Episode collection for multi-turn environments, and the episode tensors learners consume.
-
-Episodes are played in lockstep: each turn, the prompts of every still-running episode
-are answered by ONE batched ``generate`` (per group of members whose sampling settings
-agree), each row routed to its member's adapter on the shared base
-(:func:`evollm.adapters.routing.routed`).  Finished episodes are stacked into
-right-padded tensors::
+"""The episode tensors multi-turn learners consume, and the base class of the agents that learn
+from whole episodes. Episodes are played by :mod:`evollm.rollout.episodes`; the stacked,
+right-padded tensors (:func:`evollm.rollout.stack_episodes`) are::
 
     input_ids   [B, L]      the whole conversation of each episode
     action_mask [B, L-1]    1 on model tokens (refers to input_ids[:, 1:])
@@ -14,36 +10,14 @@ right-padded tensors::
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 
-from ..adapters.routing import routed
+from ..rollout import (attention_from_sequences, collect_episodes, evaluate_population, position_ids_from_mask,
+                       stack_rows)
 from .base import LLMAgent
-from .grpo import GRPO, _attention_from_sequences, _stack
-from .rollout import collate_prompts, generate, position_ids_from_mask
-
-
-@dataclass
-class Episode:
-    """One finished episode: the wrapper's :meth:`get_episode_data` plus the final info."""
-
-    input_ids: torch.Tensor  # [1, L]
-    action_mask: torch.Tensor  # [1, L-1]
-    turn_ids: torch.Tensor  # [1, L-1]
-    rewards: torch.Tensor  # [K]
-    info: dict = field(default_factory=dict)
-    seed: int | None = None
-
-    @property
-    def episode_return(self) -> float:
-        return float(self.rewards.sum())
-
-    @property
-    def success(self) -> bool:
-        """``info["success"]`` when the env reports it, else a positive return."""
-        return bool(self.info.get("success", self.episode_return > 0))
+from .grpo import GRPO
 
 
 @dataclass
@@ -70,136 +44,8 @@ class EpisodeBatch:
 
 
 # --------------------------------------------------------------------------- #
-# Playing episodes
-# --------------------------------------------------------------------------- #
-GenerateFn = Callable[[list[int], list[dict]], list[torch.Tensor]]
-
-
-def play_episodes(envs: Sequence, seeds: Sequence[int | None], generate_fn: GenerateFn,
-                  max_turns: int | None = None) -> list[Episode]:
-    """Play one episode in each :class:`~evollm.envs.multiturn.TokenObservationWrapper` of ``envs``
-    (``envs[i]`` reset with ``seeds[i]``), all in lockstep.
-
-    ``generate_fn(active, prompts)`` receives the indices of the running episodes and their prompts and
-    returns one completion id row per prompt. ``max_turns`` caps the turns (the wrappers' own
-    ``max_turns`` normally ends the episodes first)."""
-    if len(envs) != len(seeds):
-        raise ValueError(f"got {len(seeds)} seeds for {len(envs)} envs")
-    prompts: dict[int, dict] = {}
-    for i, (env, seed) in enumerate(zip(envs, seeds)):
-        prompt, _ = env.reset(seed=seed)
-        if not env.done:
-            prompts[i] = prompt
-    turn = 0
-    while prompts and (max_turns is None or turn < max_turns):
-        active = sorted(prompts)
-        completions = generate_fn(active, [prompts[i] for i in active])
-        for i, completion in zip(active, completions):
-            prompt, _, terminated, truncated, _ = envs[i].step(completion)
-            if terminated or truncated:
-                del prompts[i]
-            else:
-                prompts[i] = prompt
-        turn += 1
-    episodes = []
-    for env, seed in zip(envs, seeds):
-        ids, mask, turns, rewards = env.get_episode_data()
-        episodes.append(Episode(ids, mask, turns, rewards, dict(getattr(env, "last_info", {}) or {}), seed))
-    return episodes
-
-
-def model_generate_fn(model, sampling, pad_token_id: int, eos_token_id: int | None) -> GenerateFn:
-    """A ``generate_fn`` for a plain model (or an already-selected adapter)."""
-    def fn(active, prompts):
-        ids, mask = collate_prompts(prompts, pad_token_id)
-        seqs = generate(model, ids, mask, sampling, pad_token_id, eos_token_id)
-        return list(seqs[:, ids.shape[1]:].cpu())
-    return fn
-
-
-def population_generate_fn(owners: Sequence, training: bool) -> GenerateFn:
-    """A ``generate_fn`` where episode ``i`` is played by member ``owners[i]``: members whose sampling
-    settings agree answer in ONE generate, rows routed to their own adapters."""
-    from ..training.batched import _groups  # members that can share one generate call
-
-    def fn(active, prompts):
-        out: list[torch.Tensor | None] = [None] * len(active)
-        members = list({id(owners[i]): owners[i] for i in active}.values())
-        for (_, sampling, pad_id, eos_id), group in _groups(members, training, lambda a: 1).items():
-            blocks = [[j for j, i in enumerate(active) if owners[i] is m] for m in group]  # rows per member
-            rows = [j for block in blocks for j in block]
-            ids, mask = collate_prompts([prompts[j] for j in rows], pad_id)
-            shared = group[0].shared
-            if len(group) == 1:
-                with shared.use(group[0].adapter_name("actor")) as model:
-                    model.eval()
-                    seqs = generate(model, ids, mask, sampling, pad_id, eos_id)
-            else:
-                with routed(shared, [m.adapter_name("actor") for m in group], [len(b) for b in blocks]) as model:
-                    seqs = generate(model, ids, mask, sampling, pad_id, eos_id)
-            for k, j in enumerate(rows):
-                out[j] = seqs[k, ids.shape[1]:].cpu()
-        return out
-    return fn
-
-
-def collect_episodes(agents: Sequence, envs: Sequence, seeds: Sequence[int | None], training: bool = True,
-                     max_turns: int | None = None) -> dict[int, list[Episode]]:
-    """Every member plays every seed (``group_size`` times when training; once, greedily, otherwise).
-
-    ``envs`` must hold at least ``len(agents) * len(seeds) * max(group_size)`` wrappers (see
-    :class:`EnvPool`). Returns ``{agent.index: [episodes]}``, episodes ordered seed by seed with a
-    seed's ``group_size`` repeats contiguous (the layout GRPO's ``rewards[P, G]`` expects)."""
-    owners, episode_seeds = [], []
-    for agent in agents:
-        group = max(1, int(getattr(agent.config, "group_size", 1))) if training else 1
-        for seed in seeds:
-            owners += [agent] * group
-            episode_seeds += [seed] * group
-    if len(envs) < len(owners):
-        raise ValueError(f"{len(owners)} episodes need as many environments, got {len(envs)}")
-    episodes = play_episodes(envs[:len(owners)], episode_seeds, population_generate_fn(owners, training), max_turns)
-    out: dict[int, list[Episode]] = {a.index: [] for a in agents}
-    for agent, episode in zip(owners, episodes):
-        out[agent.index].append(episode)
-    return out
-
-
-class EnvPool:
-    """A growing list of wrappers built by ``env_factory`` (one per concurrently played episode)."""
-
-    def __init__(self, env_factory: Callable[[], object]):
-        self.env_factory = env_factory
-        self.envs: list = []
-
-    def get(self, n: int) -> list:
-        while len(self.envs) < n:
-            self.envs.append(self.env_factory())
-        return self.envs[:n]
-
-
-# --------------------------------------------------------------------------- #
 # Stacking and unpacking experiences
 # --------------------------------------------------------------------------- #
-def _right_pad(rows: Sequence[torch.Tensor], value) -> torch.Tensor:
-    rows = [torch.as_tensor(r) for r in rows]
-    rows = [r.unsqueeze(0) if r.dim() == 1 else r for r in rows]
-    width = max(r.shape[1] for r in rows)
-    return torch.cat([torch.nn.functional.pad(r, (0, width - r.shape[1]), value=value) for r in rows])
-
-
-def stack_episodes(episodes: Sequence[Episode], pad_token_id: int, num_turns: int | None = None) -> tuple:
-    """``(input_ids, action_masks, turn_ids, rewards)`` of ``episodes``, right-padded (the 4-tuple
-    PPO/REINFORCE ``learn`` take). ``rewards`` is ``[B, K]`` with ``K = num_turns`` or the longest."""
-    k = num_turns or max(max(e.rewards.numel() for e in episodes), 1)
-    rewards = torch.zeros(len(episodes), k)
-    for i, e in enumerate(episodes):
-        rewards[i, :e.rewards.numel()] = e.rewards[:k]
-    return (_right_pad([e.input_ids for e in episodes], pad_token_id),
-            _right_pad([e.action_mask for e in episodes], 0),
-            _right_pad([e.turn_ids for e in episodes], -1), rewards)
-
-
 def episode_batch(experiences, pad_token_id: int) -> EpisodeBatch:
     """Normalise what ``learn`` accepts into an :class:`EpisodeBatch`.
 
@@ -210,14 +56,14 @@ def episode_batch(experiences, pad_token_id: int) -> EpisodeBatch:
     """
     if len(experiences) == 4:
         ids, masks, turn_ids, rewards = experiences
-        ids, masks = _stack(ids, pad_token_id), _stack(masks, 0)
-        turn_ids = _stack(turn_ids, -1).long()
+        ids, masks = stack_rows(ids, pad_token_id), stack_rows(masks, 0)
+        turn_ids = stack_rows(turn_ids, -1).long()
         rewards = torch.as_tensor(rewards, dtype=torch.float32)
         if rewards.dim() == 1:
             rewards = rewards.unsqueeze(1)
     elif len(experiences) == 3:
         ids, masks, rewards = experiences
-        ids, masks = _stack(ids, pad_token_id), _stack(masks, 0)
+        ids, masks = stack_rows(ids, pad_token_id), stack_rows(masks, 0)
         rewards = torch.as_tensor(rewards, dtype=torch.float32).reshape(-1, 1)
         turn_ids = torch.where(masks.bool(), 0, -1).long()
     else:
@@ -231,7 +77,7 @@ def episode_batch(experiences, pad_token_id: int) -> EpisodeBatch:
     if turn_ids.numel() and int(turn_ids.max()) >= rewards.shape[1]:
         raise ValueError(f"turn id {int(turn_ids.max())} has no reward column (rewards {tuple(rewards.shape)})")
     turn_ids = torch.where(masks.bool(), turn_ids, torch.full_like(turn_ids, -1))
-    return EpisodeBatch(ids, _attention_from_sequences(ids, pad_token_id), masks.long(), turn_ids, rewards)
+    return EpisodeBatch(ids, attention_from_sequences(ids, pad_token_id), masks.long(), turn_ids, rewards)
 
 
 # --------------------------------------------------------------------------- #
@@ -283,7 +129,6 @@ class EpisodeAgent(LLMAgent):
         on a :class:`~evollm.envs.multiturn.TokenObservationWrapper` the mean greedy return over ``loop``
         episodes seeded ``0..loop-1``."""
         if hasattr(env, "test_prompts"):
-            from ..training.batched import evaluate_population
             return evaluate_population([self], env)[0]
         returns = []
         for seed in range(loop):

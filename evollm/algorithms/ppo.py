@@ -29,10 +29,10 @@ from dataclasses import dataclass
 import torch
 
 from .. import functional as F
+from ..rollout import position_ids_from_mask
 from .base import AgentConfig
 from .multiturn_rollout import (EpisodeAgent, EpisodeBatch, episode_batch, last_token_of_turn, pack_actions,
                                 unpack_actions)
-from .rollout import position_ids_from_mask
 
 GRANULARITIES = ("turn", "token", "auto")
 TURN_VALUE_REDUCTIONS = ("first", "last", "mean")
@@ -185,7 +185,7 @@ class LLMPPO(EpisodeAgent):
     # ------------------------------------------------------------------ learning
     def learn(self, experiences) -> dict[str, float]:
         """One PPO update from ``(ids, action_masks, turn_ids, rewards[B, K])`` (multi-turn episodes, see
-        :func:`~evollm.algorithms.multiturn_rollout.stack_episodes`) or ``(completion_ids, action_masks,
+        :func:`~evollm.rollout.stack_episodes`) or ``(completion_ids, action_masks,
         rewards)`` (single turn, as from :meth:`get_action`). Returns mean metrics."""
         c = self.config
         batch = episode_batch(experiences, self.pad_token_id)

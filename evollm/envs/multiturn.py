@@ -13,7 +13,7 @@ tokens and the reward of each turn.  Environment tokens are never trained on.
 
 Token alignment: ``input_ids`` is ``[1, L]``; ``action_mask`` and ``turn_ids`` are
 ``[1, L-1]`` and refer to ``input_ids[:, 1:]`` (the positions log-probs are computed
-for), exactly like the masks of :func:`evollm.algorithms.rollout.action_mask_for`.
+for), exactly like the masks of :func:`evollm.rollout.action_mask_for`.
 """
 
 from __future__ import annotations

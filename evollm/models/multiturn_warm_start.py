@@ -40,11 +40,10 @@ from typing import Any, Callable
 
 import torch
 
-from evollm.algorithms.multiturn_rollout import model_generate_fn, play_episodes
-from evollm.algorithms.rollout import SamplingConfig
 from evollm.models.tiny import TINY_DEFAULTS, build_tiny_model
 from evollm.models.tokenizer import build_tokenizer, tokenizer_fingerprint
 from evollm.models.warm_start import default_cache_dir, load_or_build, recipe_hash
+from evollm.rollout import SamplingConfig, model_generate_fn, play_episodes
 from evollm.tasks.games import game_env_factory
 
 #: Per task: game settings, teacher settings, the longest model turn in tokens, and SFT overrides.

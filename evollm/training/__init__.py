@@ -1,9 +1,7 @@
 """Training loops: one evolution loop shared by every kind of rollout."""
 
-from .batched import evaluate_population, generate_population
 from .callbacks import Callback, LoopState
 from .loop import evolve, finetune_llm_reasoning, learn_all
 from .multiturn import finetune_llm_multiturn
 
-__all__ = ["Callback", "LoopState", "evaluate_population", "evolve", "finetune_llm_multiturn", "finetune_llm_reasoning",
-           "generate_population", "learn_all"]
+__all__ = ["Callback", "LoopState", "evolve", "finetune_llm_multiturn", "finetune_llm_reasoning", "learn_all"]

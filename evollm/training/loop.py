@@ -16,7 +16,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..population import Population
-from .batched import evaluate_population, generate_population
+from ..rollout import evaluate_population, generate_population
 from .callbacks import Callback, LoopState, call
 
 

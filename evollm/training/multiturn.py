@@ -25,8 +25,8 @@ import torch
 from tqdm.auto import tqdm
 
 from ..algorithms.grpo import GRPO
-from ..algorithms.multiturn_rollout import Episode, EnvPool, collect_episodes, stack_episodes
 from ..population import Population
+from ..rollout import Episode, EnvPool, collect_episodes, stack_episodes
 from .loop import evolve
 
 #: Evaluation seeds start here, far from the training seeds (``seed * 10**6 + step * episodes_per_step + i``).

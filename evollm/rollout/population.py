@@ -1,26 +1,45 @@
-"""Whole-population rollouts and evaluation: ONE batched ``generate`` over the shared
-base for all members whose sampling settings agree, each row routed to its member's
-adapter (see :mod:`evollm.adapters.routing`)."""
+"""Sampling for a group of members: ONE batched ``generate`` over the shared base for all
+members whose sampling settings agree, each row routed to its member's adapter (see
+:mod:`evollm.adapters.routing`); and evaluation of every member on fixed test prompts.
+
+Members are duck-typed: ``shared``, ``index``, ``adapter_name(role)``, ``sampling_config(training,
+group_size)``, ``pad_token_id``, ``eos_token_id`` and ``config.group_size`` are all that is used.
+"""
 
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
 from ..adapters.routing import routed
-from ..algorithms.grpo import Rollout
-from ..algorithms.rollout import action_mask_for, collate_prompts, generate, sequence_attention_mask
+from .sampling import SamplingConfig, generate
+from .tokens import Rollout, action_mask_for, collate_prompts, sequence_attention_mask
 
 
-def _groups(agents: Sequence, training: bool, group_size_of) -> dict:
-    """Members that can share one generate call: same base, same sampling settings, same pad/eos."""
+def sampling_groups(agents: Sequence, training: bool, group_size_of: Callable[[object], int]) -> dict:
+    """Members that can share one generate call: same base, same sampling settings, same pad/eos.
+    Keys are ``(id(shared), sampling, pad_token_id, eos_token_id)``."""
     groups = defaultdict(list)
     for agent in agents:
         sampling = agent.sampling_config(training, group_size_of(agent))
         groups[(id(agent.shared), sampling, agent.pad_token_id, agent.eos_token_id)].append(agent)
     return groups
+
+
+def generate_for_members(members: Sequence, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                         counts: Sequence[int], sampling: SamplingConfig, pad_token_id: int,
+                         eos_token_id: int | None) -> torch.Tensor:
+    """One ``generate`` where the prompt rows come in contiguous blocks, ``counts[i]`` rows for
+    ``members[i]`` (all on one shared base, equal sampling settings). Returns prompt + completion ids,
+    ``num_return_sequences`` consecutive rows per prompt row."""
+    shared = members[0].shared
+    if len(members) == 1:
+        with shared.use(members[0].adapter_name("actor")) as model:
+            return generate(model, input_ids, attention_mask, sampling, pad_token_id, eos_token_id)
+    with routed(shared, [m.adapter_name("actor") for m in members], counts) as model:
+        return generate(model, input_ids, attention_mask, sampling, pad_token_id, eos_token_id)
 
 
 def generate_population(agents: Sequence, prompts: Sequence[dict], training: bool = True,
@@ -36,18 +55,12 @@ def generate_population(agents: Sequence, prompts: Sequence[dict], training: boo
         return group_size if group_size is not None else agent.config.group_size
 
     out: dict[int, Rollout] = {}
-    for (_, sampling, pad_id, eos_id), members in _groups(agents, training, group_of).items():
+    for (_, sampling, pad_id, eos_id), members in sampling_groups(agents, training, group_of).items():
         ids, mask = collate_prompts(prompts, pad_id)
-        shared = members[0].shared
         n = len(members)
         rows = ids.shape[0] * sampling.num_return_sequences
-        if n == 1:
-            with shared.use(members[0].adapter_name("actor")) as model:
-                model.eval()
-                seqs = generate(model, ids, mask, sampling, pad_id, eos_id)
-        else:
-            with routed(shared, [m.adapter_name("actor") for m in members], [ids.shape[0]] * n) as model:
-                seqs = generate(model, ids.repeat(n, 1), mask.repeat(n, 1), sampling, pad_id, eos_id)
+        seqs = generate_for_members(members, ids.repeat(n, 1), mask.repeat(n, 1), [ids.shape[0]] * n, sampling,
+                                    pad_id, eos_id)
         for i, member in enumerate(members):
             s = seqs[i * rows:(i + 1) * rows]
             out[member.index] = Rollout(s, sequence_attention_mask(s, mask), action_mask_for(s, ids.shape[1], eos_id),
