@@ -32,7 +32,7 @@ import torch
 from .base import build_config
 from .ppo import LLMPPO, LLMPPOConfig
 from .ppo_fused import learn_grouped
-from .rollout import SamplingConfig
+from ..rollout import SamplingConfig
 
 #: team setting -> the per-agent field it sets (CoMLRL name -> LLMPPO name)
 AGENT_FIELDS: dict[str, str] = {

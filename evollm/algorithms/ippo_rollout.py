@@ -14,7 +14,7 @@ from typing import Sequence
 
 from ..envs.multiturn import TokenObservationWrapper
 from ..envs.team import TeamEpisode, TeamTask, play_rounds, team_seats
-from .multiturn_rollout import Episode, population_generate_fn, stack_episodes
+from ..rollout import Episode, population_generate_fn, stack_episodes
 
 
 @dataclass

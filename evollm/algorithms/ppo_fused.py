@@ -22,7 +22,7 @@ import torch
 from .. import functional as F
 from ..adapters.routing import routed
 from .multiturn_rollout import EpisodeBatch, episode_batch
-from .rollout import position_ids_from_mask
+from ..rollout import position_ids_from_mask
 
 METRICS = ("loss", "policy_loss", "value_loss", "entropy", "kl", "clip_fraction", "grad_norm_actor",
            "grad_norm_critic")
