@@ -16,6 +16,7 @@ ALGORITHMS = {
     "CISPO": "evollm.algorithms.grpo:CISPO",
     "LLMPPO": "evollm.algorithms.ppo:LLMPPO",
     "LLMREINFORCE": "evollm.algorithms.reinforce:LLMREINFORCE",
+    "IPPO": "evollm.algorithms.ippo:IPPOTeam",
 }
 
 
@@ -81,8 +82,11 @@ def train(config_path: str, overrides: list[str] | None = None, quiet: bool = Fa
     elif env_type == "multiturn":
         from .runners import run_multiturn
         result = run_multiturn(cfg, members, tokenizer, train_cfg, evo_steps, selection, mutation, quiet)
+    elif env_type == "team":
+        from .runners import run_team
+        result = run_team(cfg, members, tokenizer, train_cfg, evo_steps, selection, mutation, quiet)
     else:
-        raise ValueError(f"env.type={env_type!r} is not valid; choose one of ['reasoning', 'multiturn']")
+        raise ValueError(f"env.type={env_type!r} is not valid; choose one of ['reasoning', 'multiturn', 'team']")
     agents, population = result["agents"], result["population"]
     paths = population.write(out)
     best = population.best()

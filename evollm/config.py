@@ -81,8 +81,11 @@ def build_model(cfg: dict, seed: int, task_name: str | None = None):
             raise ValueError("model.source=tiny_multiturn needs task.name (e.g. guess_number or chain_calc)")
         return load_tiny_multiturn_model(task_name, warm_start=cfg.get("warm_start", True),
                                          cache_dir=cfg.get("cache_dir"), seed=seed)
+    if source == "tiny_coop":
+        from .models.coop_warm_start import load_tiny_coop_model
+        return load_tiny_coop_model(warm_start=cfg.get("warm_start", True), cache_dir=cfg.get("cache_dir"), seed=seed)
     if "name_or_path" not in cfg:
-        raise ValueError(f"model.source={source!r} is not valid; choose one of ['tiny', 'tiny_multiturn'] "
+        raise ValueError(f"model.source={source!r} is not valid; choose one of ['tiny', 'tiny_multiturn', 'tiny_coop'] "
                          "or give model.name_or_path")
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer

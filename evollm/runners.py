@@ -27,3 +27,10 @@ def run_multiturn(cfg, members, tokenizer, train_cfg: dict, evo_steps, selection
     from .training.multiturn import run_multiturn_from_config
 
     return run_multiturn_from_config(cfg, members, tokenizer, train_cfg, evo_steps, selection, mutation, quiet)
+
+
+def run_team(cfg, members, tokenizer, train_cfg: dict, evo_steps, selection, mutation, quiet: bool) -> dict:
+    """IPPO teams (``algorithm.name: IPPO``) on a cooperative task (``task.name: relay_sum``)."""
+    from .training.ippo import run_team_from_config
+
+    return run_team_from_config(cfg, members, tokenizer, train_cfg, evo_steps, selection, mutation, quiet)

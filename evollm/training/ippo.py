@@ -170,3 +170,46 @@ class IPPOTrainer:
         else:
             best = self.teams[0]
         return best.save_checkpoint(out / "best_team")
+
+
+# --------------------------------------------------------------------------- from a run config
+TEAM_TASKS = ("relay_sum",)
+
+
+def team_task_from_config(task_cfg: dict, env_cfg: dict, tokenizer, seed: int, teams) -> TeamTask:
+    """The :class:`TeamTask` of ``task: {name: relay_sum, n_train, n_test, low, high}`` and ``env: {type: team,
+    reward_turns, success_threshold, eval_batch_size}``; replies as long as the teams' ``max_new_tokens``."""
+    from ..models.coop_warm_start import relay_task
+
+    task_cfg = dict(task_cfg or {})
+    name = task_cfg.pop("name", "relay_sum")
+    if name not in TEAM_TASKS:
+        raise ValueError(f"task.name={name!r} is not a team task; valid: {list(TEAM_TASKS)}")
+    env = {k: v for k, v in (env_cfg or {}).items() if k != "type"}
+    team = teams[0].config
+    return relay_task(tokenizer, seed=seed, task=task_cfg, max_new_tokens=team.max_new_tokens,
+                      max_model_len=team.max_model_len, **env)
+
+
+def run_team_from_config(cfg, teams, tokenizer, train_cfg: dict, evo_steps, selection, mutation, quiet: bool) -> dict:
+    """What ``evollm train`` runs for ``env.type: team``: measure the warm start (one untrained team) on the fixed
+    evaluation rows, train, and return ``{agents, population, initial_fitness, final_fitness, initial_success,
+    final_success}`` (fitness = mean joint reward; success = fraction of episodes every agent got right)."""
+    task = team_task_from_config(cfg.task, cfg.env, tokenizer, int(cfg.seed), teams)
+    fit0, succ0 = evaluate_teams(teams[:1], task, record=False)
+    print(f"warm start: joint reward {fit0[0]:.3f}, joint success {succ0[0]:.3f} on {len(task.eval_rows)} fixed "
+          "greedy episodes")
+    report = {}
+
+    class _Success(Callback):
+        def on_evaluation(self, state, fitness):
+            rows = state.record.rows[-len(state.agents):]
+            report.update({r["member"]: r.get("success", math.nan) for r in rows})
+            if not quiet:
+                print(f"step {state.step:>5}  joint success " + " ".join(f"{report[t.index]:.3f}" for t in state.agents))
+
+    agents, population = finetune_ippo(teams, task, evo_steps=evo_steps, tournament=selection, mutation=mutation,
+                                       verbose=not quiet, seed=int(cfg.seed), callbacks=[_Success()], **train_cfg)
+    best = max(agents, key=lambda t: t.fitness[-1])
+    return {"agents": agents, "population": population, "initial_fitness": fit0[0], "final_fitness": best.fitness[-1],
+            "initial_success": succ0[0], "final_success": report.get(best.index, math.nan)}
