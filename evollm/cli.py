@@ -4,43 +4,29 @@ population, and write the report, lineage, plots and the best member's adapter."
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import sys
 import time
 from pathlib import Path
 
-ALGORITHMS = {
-    "GRPO": "evollm.algorithms.grpo:GRPO",
-    "GSPO": "evollm.algorithms.grpo:GSPO",
-    "CISPO": "evollm.algorithms.grpo:CISPO",
-    "LLMPPO": "evollm.algorithms.ppo:LLMPPO",
-    "LLMREINFORCE": "evollm.algorithms.reinforce:LLMREINFORCE",
-    "IPPO": "evollm.algorithms.ippo:IPPOTeam",
-}
-
-
-def algorithm_class(name: str):
-    if name not in ALGORITHMS:
-        raise ValueError(f"algorithm.name={name!r} is not valid; choose one of {sorted(ALGORITHMS)}")
-    module, attr = ALGORITHMS[name].split(":")
-    return getattr(importlib.import_module(module), attr)
+from .config import ALGORITHMS, algorithm_class  # noqa: F401  (re-exported)
+from .schema import ConfigError
 
 
 def build_population(cfg, model, tokenizer, hp_config):
     """The members of the population on ONE shared base."""
     from .adapters.shared import default_lora_config
 
-    alg = dict(cfg.algorithm)
-    cls = algorithm_class(alg.get("name", "GRPO"))
-    size = int(alg.get("population_size", 1))
-    lora = default_lora_config(**(alg.get("lora") or {}))
-    hps = dict(alg.get("hyperparameters") or {})
+    alg = cfg.algorithm
+    cls = algorithm_class(alg.name)
+    size = alg.population_size
+    lora = default_lora_config(**alg.lora.kwargs())
+    hps = dict(alg.hyperparameters)
     hps.setdefault("seed", cfg.seed)
     init = None
-    if alg.get("init_sampler") and hp_config is not None:
+    if alg.init_sampler and hp_config is not None:
         from .hpo import initial_population_hyperparameters
-        init = initial_population_hyperparameters(hp_config, size, sampler=alg["init_sampler"], seed=cfg.seed)
+        init = initial_population_hyperparameters(hp_config, size, sampler=alg.init_sampler, seed=cfg.seed)
     members = []
     for i in range(size):
         agent = cls(model, pad_token_id=tokenizer.pad_token_id, pad_token=tokenizer.pad_token,
@@ -56,8 +42,8 @@ def train(config_path: str, overrides: list[str] | None = None, quiet: bool = Fa
 
     from .config import RunConfig, build_hpo, build_model
 
-    cfg = RunConfig.from_yaml(config_path, overrides)
-    algorithm_class(cfg.algorithm.get("name", "GRPO"))  # a bad name fails before any model is built
+    cfg = RunConfig.from_yaml(config_path, overrides)  # every setting is checked before any model is built
+    cfg.resolve_paths()
     if cfg.threads:
         torch.set_num_threads(int(cfg.threads))
     torch.manual_seed(cfg.seed)
@@ -65,15 +51,13 @@ def train(config_path: str, overrides: list[str] | None = None, quiet: bool = Fa
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=1))
     t0 = time.perf_counter()
-    model, tokenizer = build_model(cfg.model, cfg.seed, cfg.task.get("name"))
-    size = int(cfg.algorithm.get("population_size", 1))
-    hp_config, mutation, selection = build_hpo(cfg.hpo, size, cfg.seed)
+    model, tokenizer = build_model(cfg.model, cfg.seed, cfg.task.name)
+    hp_config, mutation, selection = build_hpo(cfg)
     members = build_population(cfg, model, tokenizer, hp_config)
-    train_cfg = dict(cfg.train)
-    evo_steps = train_cfg.pop("evo_steps", None)
-    if evo_steps is None:
-        mutation = selection = None
-    env_type = cfg.env.get("type", "reasoning")
+    evo_steps = cfg.train.evo_steps
+    train_cfg = {"max_steps": cfg.train.max_steps, "evaluation_interval": cfg.train.evaluation_interval,
+                 "save_elite": cfg.train.save_elite, "elite_path": cfg.train.elite_path}
+    env_type = cfg.env.type
     print(f"evollm: {len(members)} x {type(members[0]).__name__} on one shared base "
           f"({sum(p.numel() for p in members[0].shared.base_parameters()):,} base parameters), env={env_type}")
     if env_type == "reasoning":
@@ -106,25 +90,40 @@ def train(config_path: str, overrides: list[str] | None = None, quiet: bool = Fa
     return summary
 
 
+USER_ERRORS = (ConfigError, ValueError, TypeError, KeyError, OSError)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="evollm", description="Evolutionary RL fine-tuning of causal LLMs")
+    parser.add_argument("--debug", action="store_true", help="show the full traceback of an error")
     sub = parser.add_subparsers(dest="command", required=True)
     p_train = sub.add_parser("train", help="train a population from a YAML config")
     p_train.add_argument("config")
     p_train.add_argument("--set", dest="overrides", action="append", default=[],
                          help="override a config value, e.g. --set train.max_steps=10")
     p_train.add_argument("--quiet", action="store_true", help="no progress bar")
+    p_train.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                         help="show the full traceback of an error")
     args = parser.parse_args(argv)
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
-    if args.command == "train":
-        try:
+    try:
+        if args.command == "train":
             train(args.config, args.overrides, args.quiet)
-        except (ValueError, TypeError, KeyError, FileNotFoundError) as e:
-            print(f"evollm: error: {e}", file=sys.stderr)
-            return 2
+    except USER_ERRORS as e:
+        if args.debug:
+            raise
+        print(f"evollm: error: {one_line(e)}", file=sys.stderr)
+        return 2
     return 0
+
+
+def one_line(error: BaseException) -> str:
+    """An exception as one line (KeyError's quotes dropped)."""
+    text = error.args[0] if isinstance(error, KeyError) and error.args else str(error)
+    text = " ".join(str(text).split())
+    return text or type(error).__name__
 
 
 if __name__ == "__main__":

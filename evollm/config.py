@@ -1,148 +1,561 @@
-"""Run configuration: a YAML file read into dataclasses, then small builders that
-turn each section into objects (model, task, env, population, HPO).
+"""The run configuration: one documented dataclass per section of the YAML file, loaded strictly
+(see :mod:`evollm.schema`), and small builders that turn each section into objects.
 
 Sections (all optional except ``algorithm``)::
 
     seed: 0
     output_dir: runs/demo
-    model:     {source: tiny, warm_start: true, cache_dir: null}    # or {name_or_path: ..., dtype: bfloat16}
-    task:      {name: arithmetic, n_train: 2000, n_test: 200, ops: ["+"], digits: [1, 2],
-                reward: exact_match}                                   # or exact_match+format
-    env:       {type: reasoning, data_batch_size_per_gpu: 8, max_context_length: null}
+    model:     {source: tiny, warm_start: true}            # or {name_or_path: ..., dtype: bfloat16}
+    task:      {name: arithmetic, n_train: 2000, n_test: 200, ops: ["+"], digits: [1, 2], reward: exact_match}
+    env:       {type: reasoning, data_batch_size_per_gpu: 8}
     algorithm: {name: GRPO, population_size: 4, lora: {r: 8, lora_alpha: 16},
                 hyperparameters: {lr: 1.0e-4, group_size: 8, ...}, init_sampler: null}
     hpo:       {hp_config: {lr: {min: 1.0e-5, max: 1.0e-3, log: true}},
                 mutation: {no_mutation: 0.4, rl_hp: 0.6}, selection: {type: tournament, tournament_size: 2}}
-    train:     {max_steps: 60, evaluation_interval: 10, evo_steps: 20}
+    train:     {max_steps: 60, evaluation_interval: 10, evo_steps: 20, checkpoint_every: 10}
+
+Every field below is documented in place; ``evollm.config.describe_config()`` prints them all.
+To add a setting, add one ``name: type = option(default, "help", ...)`` line to its section.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+import importlib
+import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-SECTIONS = ("seed", "output_dir", "threads", "model", "task", "env", "algorithm", "hpo", "train")
+from .schema import (ConfigError, Section, check_no_effect, coerce, did_you_mean, document, option, resolve_paths,
+                     unknown_key_error)
+
+ALGORITHMS = {
+    "GRPO": "evollm.algorithms.grpo:GRPO",
+    "GSPO": "evollm.algorithms.grpo:GSPO",
+    "CISPO": "evollm.algorithms.grpo:CISPO",
+    "LLMPPO": "evollm.algorithms.ppo:LLMPPO",
+    "LLMREINFORCE": "evollm.algorithms.reinforce:LLMREINFORCE",
+    "IPPO": "evollm.algorithms.ippo:IPPOTeam",
+}
+TINY_SOURCES = ("tiny", "tiny_multiturn", "tiny_coop")
+SINGLE_TURN_TASKS = ("arithmetic",)
+TEAM_TASKS = ("relay_sum",)  # cooperative tasks for IPPO teams (env.type: team)
+REWARDS = ("exact_match", "exact_match+format")
+
+
+def algorithm_class(name: str):
+    """The agent class registered under ``name`` (see :data:`ALGORITHMS`)."""
+    if name not in ALGORITHMS:
+        raise ConfigError(f"algorithm.name={name!r} is not valid; {did_you_mean(name, list(ALGORITHMS))}"
+                          f"choose one of {sorted(ALGORITHMS)}")
+    module, attr = ALGORITHMS[name].split(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def multiturn_tasks() -> dict[str, dict]:
+    from .models.multiturn_warm_start import MULTITURN_TASKS
+    return MULTITURN_TASKS
+
+
+def task_names() -> list[str]:
+    return [*SINGLE_TURN_TASKS, *multiturn_tasks(), *TEAM_TASKS]
+
+
+def _is_multiturn_task(name: str) -> bool:
+    return name in multiturn_tasks()
+
+
+# --------------------------------------------------------------------------- sections
+@dataclass
+class ModelSection(Section):
+    """The base model every member shares."""
+
+    source: str | None = option(None, "Where the model comes from: 'tiny' (offline tiny Llama), 'tiny_multiturn' "
+                                "(tiny model warm-started on task.name's game) or 'hub' (name_or_path). Default: "
+                                "'hub' when name_or_path is given, else 'tiny'.", choices=(*TINY_SOURCES, "hub"))
+    name_or_path: str | None = option(None, "Hugging Face hub id or local folder of a causal LM.",
+                                      when={"source": ("hub",)})
+    warm_start: bool = option(True, "Start the tiny model from its cached partial SFT (else random init).",
+                              when={"source": TINY_SOURCES})
+    cache_dir: str | None = option(None, "Where the tiny model's warm start is cached (default $EVOLLM_CACHE or "
+                                   "~/.cache/evollm).", when={"source": TINY_SOURCES}, path=True)
+    dtype: str = option("float32", "Weights dtype of a hub model.", choices=("float32", "bfloat16", "float16"),
+                        when={"source": ("hub",)})
+
+    def finalize(self) -> None:
+        if self.source is None:
+            self.source = "hub" if self.name_or_path else "tiny"
+        if self.source == "hub" and not self.name_or_path:
+            raise ConfigError("model.name_or_path is required for model.source='hub'")
 
 
 @dataclass
-class RunConfig:
-    algorithm: dict
-    seed: int = 0
-    output_dir: str = "runs/evollm"
-    threads: int | None = None  # torch CPU threads; None keeps torch's default
-    model: dict = field(default_factory=lambda: {"source": "tiny", "warm_start": True})
-    task: dict = field(default_factory=lambda: {"name": "arithmetic"})
-    env: dict = field(default_factory=lambda: {"type": "reasoning"})
-    hpo: dict = field(default_factory=dict)
-    train: dict = field(default_factory=dict)
+class TaskSection(Section):
+    """What the population learns: a single-turn dataset task or a multi-turn game."""
+
+    name: str = option("arithmetic", "Task name: 'arithmetic' (single turn), 'relay_sum' (IPPO teams) or a multi-turn game "
+                       "('guess_number', 'chain_calc').", choices=task_names)
+    reward: str = option("exact_match", "Reward of a single-turn task.", choices=REWARDS,
+                         when={"name": SINGLE_TURN_TASKS})
+    n_train: int = option(2000, "Training questions generated.", when={"name": SINGLE_TURN_TASKS})
+    n_test: int = option(200, "Held-out evaluation questions (fixed for the whole run).",
+                         when={"name": SINGLE_TURN_TASKS})
+    ops: list[str] = option(["+"], "Arithmetic operators among '+', '-', '*'.", when={"name": SINGLE_TURN_TASKS})
+    digits: list[int] = option([1, 2], "Smallest and largest operand digit counts.",
+                               when={"name": SINGLE_TURN_TASKS})
+    seed: int | None = option(None, "Seed of the generated dataset (default: the run seed).",
+                              when={"name": SINGLE_TURN_TASKS})
+    game: dict[str, Any] = option({}, "Game settings of a multi-turn task (default: those the tiny model was "
+                                  "warm-started on); may also be written directly in this section.",
+                                  when={"name": _is_multiturn_task})
+
+    @classmethod
+    def prepare(cls, data: dict, where: str) -> dict:
+        name = data.get("name", "arithmetic")
+        if isinstance(name, str) and name in multiturn_tasks():
+            own = {f.name for f in dataclasses.fields(cls)}
+            game = dict(data.get("game") or {})
+            settings = multiturn_tasks()[name]["game"]
+            for key in [k for k in data if k not in own]:
+                if key not in settings:
+                    raise unknown_key_error(key, where, sorted(own | set(settings)))
+                game[key] = data.pop(key)
+            if game:
+                data["game"] = game
+        return data
+
+    def finalize(self) -> None:
+        if self.name in multiturn_tasks():
+            defaults = multiturn_tasks()[self.name]["game"]
+            for key, value in list(self.game.items()):
+                if key not in defaults:
+                    raise ConfigError(f"task.game.{key}: unknown setting of game {self.name!r}; "
+                                      f"{did_you_mean(key, list(defaults))}valid keys: {sorted(defaults)}")
+                self.game[key] = coerce(value, type(defaults[key]), f"task.{key}")
+            return
+        for name in ("n_train", "n_test"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"task.{name} must be >= 1, got {getattr(self, name)}")
+        if len(self.digits) != 2 or not 1 <= self.digits[0] <= self.digits[1]:
+            raise ConfigError(f"task.digits must be [smallest, largest] with 1 <= smallest <= largest, "
+                              f"got {self.digits}")
+        bad = [op for op in self.ops if op not in ("+", "-", "*")]
+        if bad or not self.ops:
+            raise ConfigError(f"task.ops must be a non-empty list of '+', '-', '*', got {self.ops}")
+
+
+@dataclass
+class EnvSection(Section):
+    """How prompts reach the members and completions are scored."""
+
+    type: str = option("reasoning", "'reasoning' (single-turn question/answer), 'multiturn' (games) or 'team' "
+                       "(cooperative tasks for IPPO teams).", choices=("reasoning", "multiturn", "team"))
+    success_threshold: float = option(1.0, "A team episode whose joint return reaches this is a joint success.",
+                                      when={"type": ("team",)})
+    data_batch_size_per_gpu: int = option(8, "Prompts per training step.", when={"type": ("reasoning",)})
+    max_context_length: int | None = option(None, "Longest prompt in tokens; longer prompts are an error.",
+                                            when={"type": ("reasoning",)})
+    eval_batch_size: int = option(64, "Evaluation prompts per batched generate.", when={"type": ("reasoning",)})
+    max_turns: int | None = option(None, "Most model turns per episode (default: the game's own).",
+                                   when={"type": ("multiturn",)})
+    max_model_len: int | None = option(256, "Longest episode in tokens.", when={"type": ("multiturn",)})
+    max_output_tokens: int | None = option(None, "Most new tokens per turn (default: the task's own).",
+                                           when={"type": ("multiturn",)})
+
+    def finalize(self) -> None:
+        for name in ("data_batch_size_per_gpu", "eval_batch_size", "max_context_length", "max_turns",
+                     "max_model_len", "max_output_tokens"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ConfigError(f"env.{name} must be >= 1, got {value}")
+
+
+@dataclass
+class LoraSection(Section):
+    """LoRA adapters every member starts with (the rank can then evolve as hpo.hp_config.lora_rank)."""
+
+    r: int = option(8, "LoRA rank.")
+    lora_alpha: float | None = option(None, "LoRA scaling numerator (default 2 * r).")
+    lora_dropout: float = option(0.0, "Dropout on the LoRA input.")
+    target_modules: list[str] | None = option(None, "Module names that get adapters (default: attention and MLP "
+                                              "projections).")
+
+    def finalize(self) -> None:
+        if self.r < 1:
+            raise ConfigError(f"algorithm.lora.r must be >= 1, got {self.r}")
+        if self.lora_alpha is not None and not self.lora_alpha > 0:
+            raise ConfigError(f"algorithm.lora.lora_alpha must be > 0, got {self.lora_alpha}")
+        if not 0.0 <= self.lora_dropout < 1.0:
+            raise ConfigError(f"algorithm.lora.lora_dropout must be in [0, 1), got {self.lora_dropout}")
+
+    def kwargs(self) -> dict:
+        """Keyword arguments of :func:`evollm.adapters.shared.default_lora_config`."""
+        out = {"r": self.r, "lora_alpha": self.lora_alpha, "lora_dropout": self.lora_dropout}
+        if self.target_modules is not None:
+            out["target_modules"] = list(self.target_modules)
+        return out
+
+
+@dataclass
+class AlgorithmSection(Section):
+    """The RL algorithm of every member and its starting hyperparameters."""
+
+    name: str = option("GRPO", "Agent class.", choices=lambda: sorted(ALGORITHMS))
+    population_size: int = option(1, "Members trained together on the one shared base.")
+    lora: LoraSection = option(default_factory=LoraSection, help="LoRA settings.")
+    hyperparameters: dict[str, Any] = option({}, "Fields of the algorithm's config dataclass (e.g. GRPOConfig: lr, "
+                                             "group_size, beta, clip_coef, temperature, ...).")
+    init_sampler: str | None = option(None, "Draw each founder's hpo.hp_config values with this sampler.",
+                                      choices=("random", "qmc", "tpe"), when={"hpo.hp_config": bool})
+
+    def finalize(self) -> None:
+        if self.population_size < 1:
+            raise ConfigError(f"algorithm.population_size must be >= 1, got {self.population_size}")
+        config_cls = algorithm_class(self.name).config_cls
+        hints = _hints(config_cls)
+        for key, value in list(self.hyperparameters.items()):
+            if key not in hints:
+                raise ConfigError(f"algorithm.hyperparameters.{key}: unknown hyperparameter of {self.name} "
+                                  f"({config_cls.__name__}); {did_you_mean(key, list(hints))}"
+                                  f"valid keys: {sorted(hints)}")
+            self.hyperparameters[key] = coerce(value, hints[key], f"algorithm.hyperparameters.{key}")
+        self.agent_config()
+
+    def agent_config(self, seed: int | None = None):
+        """The validated config dataclass of the algorithm (raises a :class:`ConfigError`)."""
+        from .algorithms.base import build_config
+
+        config_cls = algorithm_class(self.name).config_cls
+        hps = dict(self.hyperparameters)
+        if seed is not None:
+            hps.setdefault("seed", seed)
+        try:
+            return build_config(config_cls, None, hps)
+        except (TypeError, ValueError) as e:
+            raise ConfigError(name_field("algorithm.hyperparameters", str(e), config_cls)) from e
+
+
+def name_field(prefix: str, message: str, config_cls) -> str:
+    """``prefix.field ...`` when ``message`` starts with a field of ``config_cls``, else ``prefix: message``."""
+    head = re.match(r"(\w+)", message)
+    if head and head.group(1) in _hints(config_cls):
+        return f"{prefix}.{message}"
+    return f"{prefix}: {message}"
+
+
+def _hints(cls) -> dict[str, Any]:
+    import typing
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls) if f.init}
+
+
+def _evolving(value) -> bool:
+    return value is not None
+
+
+@dataclass
+class ParamSection(Section):
+    """Range and mutation rule of one evolvable hyperparameter (see :class:`evollm.hpo.RLParameter`)."""
+
+    min: float | None = option(None, "Smallest value (numeric parameters).")
+    max: float | None = option(None, "Largest value (numeric parameters).")
+    grow_factor: float = option(1.2, "Multiplier of an upward perturbation.")
+    shrink_factor: float = option(0.8, "Multiplier of a downward perturbation.")
+    dtype: str = option("float", "'float', 'int' or 'categorical'.", choices=("float", "int", "categorical"))
+    log: bool = option(False, "Sample log-uniformly (min must be > 0).")
+    choices: list[Any] | None = option(None, "Values of a categorical parameter.")
+
+    def finalize(self) -> None:
+        self.parameter()
+
+    def parameter(self):
+        from .hpo import RLParameter
+        try:
+            return RLParameter(**self.to_dict())
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"{self.path()}: {e}") from e
+
+
+@dataclass
+class MutationSection(Section):
+    """How clones are mutated (see :class:`evollm.hpo.Mutations`); probabilities are normalised."""
+
+    no_mutation: float = option(0.4, "Relative probability of leaving a clone unchanged.")
+    rl_hp: float = option(0.6, "Relative probability of mutating one hpo.hp_config hyperparameter.")
+    lora_rank: float = option(0.0, "Relative probability of resizing the adapters (needs hp_config.lora_rank).")
+    explore_prob: float = option(0.0, "Probability that a mutation resamples over the whole range.")
+
+    def build(self, seed: int):
+        from .hpo import Mutations
+        try:
+            return Mutations(**self.to_dict(), rand_seed=seed)
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"hpo.mutation: {e}") from e
+
+
+@dataclass
+class SelectionSection(Section):
+    """How the next generation is chosen (see :mod:`evollm.hpo.selection`)."""
+
+    type: str = option("tournament", "'tournament' or 'truncation'.", choices=("tournament", "truncation"))
+    tournament_size: int = option(2, "Members per tournament.", when={"type": ("tournament",)})
+    elitism: bool = option(True, "Keep the best member unchanged.", when={"type": ("tournament",)})
+    quantile: float = option(0.25, "Fraction replaced by truncation.", when={"type": ("truncation",)})
+    fitness: str = option("last", "Rank by the 'last' fitness or the 'mean' of the last `window`.",
+                          choices=("last", "mean"))
+    window: int | None = option(None, "Evaluations averaged with fitness: mean (default eval_loop).")
+    eval_loop: int = option(1, "Evaluations per generation.")
+
+    def build(self, population_size: int, seed: int):
+        from .hpo import TournamentSelection, TruncationSelection
+        common = dict(population_size=population_size, fitness=self.fitness, window=self.window,
+                      eval_loop=self.eval_loop, rand_seed=seed)
+        try:
+            if self.type == "tournament":
+                return TournamentSelection(tournament_size=self.tournament_size, elitism=self.elitism, **common)
+            return TruncationSelection(quantile=self.quantile, **common)
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"hpo.selection: {e}") from e
+
+
+@dataclass
+class HPOSection(Section):
+    """Evolutionary hyperparameter optimisation (used when train.evo_steps is set)."""
+
+    hp_config: dict[str, ParamSection] = option({}, "Evolvable hyperparameters by name (any of the algorithm's "
+                                                "mutable hyperparameters, or lora_rank).")
+    mutation: MutationSection = option(default_factory=MutationSection, help="Mutation settings.",
+                                       when={"train.evo_steps": _evolving})
+    selection: SelectionSection = option(default_factory=SelectionSection, help="Selection settings.",
+                                         when={"train.evo_steps": _evolving})
+
+
+@dataclass
+class TrainSection(Section):
+    """The evolution loop and the run directory."""
+
+    max_steps: int = option(100, "Training steps (every member learns once per step).")
+    evaluation_interval: int = option(10, "Steps between evaluations of every member on the fixed test set.")
+    evo_steps: int | None = option(None, "Steps between selections (a multiple of evaluation_interval); "
+                                   "null: no evolution.")
+    save_elite: bool = option(False, "Save the best member at every selection.", when={"evo_steps": _evolving})
+    elite_path: str | None = option(None, "Folder of the saved elites (relative to output_dir).",
+                                    when={"save_elite": (True,)}, path=True)
+    checkpoint_every: int | None = option(None, "Steps between checkpoints of the whole run into "
+                                          "output_dir/checkpoints/step_N (also at every selection, on "
+                                          "SIGINT/SIGTERM and at the end); null: every evaluation_interval; "
+                                          "0: only at selections, signals and the end.")
+    keep_checkpoints: int | None = option(3, "Newest checkpoints kept; null keeps all.")
+    episodes_per_step: int = option(16, "Training seeds per step of a multi-turn game.",
+                                    when={"env.type": ("multiturn",)})
+    eval_episodes: int = option(64, "Fixed greedy evaluation episodes of a multi-turn game.",
+                                when={"env.type": ("multiturn",)})
+
+    def finalize(self) -> None:
+        for name in ("max_steps", "evaluation_interval", "episodes_per_step", "eval_episodes"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"train.{name} must be >= 1, got {getattr(self, name)}")
+        if self.evo_steps is not None and (self.evo_steps < self.evaluation_interval
+                                           or self.evo_steps % self.evaluation_interval):
+            raise ConfigError(f"train.evo_steps={self.evo_steps} must be a multiple of train.evaluation_interval="
+                              f"{self.evaluation_interval} (selection needs a fresh evaluation)")
+        if self.checkpoint_every is not None and self.checkpoint_every < 0:
+            raise ConfigError(f"train.checkpoint_every must be >= 0 or null, got {self.checkpoint_every}")
+        if self.keep_checkpoints is not None and self.keep_checkpoints < 1:
+            raise ConfigError(f"train.keep_checkpoints must be >= 1 or null, got {self.keep_checkpoints}")
+
+    def checkpoint_interval(self) -> int:
+        return self.evaluation_interval if self.checkpoint_every is None else self.checkpoint_every
+
+
+@dataclass
+class RunConfig(Section):
+    """A whole run: ``evollm train CONFIG.yaml`` reads one from YAML."""
+
+    algorithm: AlgorithmSection = option(default_factory=AlgorithmSection, help="Algorithm (required).")
+    seed: int = option(0, "Seed of everything random in the run.")
+    output_dir: str = option("runs/evollm", "The run directory (checkpoints, report, logs).")
+    threads: int | None = option(None, "torch CPU threads (null keeps torch's default).")
+    model: ModelSection = option(default_factory=ModelSection, help="The shared base model.")
+    task: TaskSection = option(default_factory=TaskSection, help="The task.")
+    env: EnvSection = option(default_factory=EnvSection, help="The environment.")
+    hpo: HPOSection = option(default_factory=HPOSection, help="Evolution settings.")
+    train: TrainSection = option(default_factory=TrainSection, help="Loop and checkpoint settings.")
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = "") -> "RunConfig":
+        if isinstance(data, dict) and "algorithm" not in data:
+            raise ConfigError("algorithm: the section is required (e.g. algorithm: {name: GRPO})")
+        return super().from_dict(data, where)
 
     @classmethod
     def from_yaml(cls, path: str | Path, overrides: list[str] | None = None) -> "RunConfig":
-        data = yaml.safe_load(Path(path).read_text()) or {}
+        """Read ``path`` and apply ``--set`` style ``overrides`` (``section.key=value``, value as YAML)."""
+        data = read_yaml(path)
         for item in overrides or []:
-            _apply_override(data, item)
-        unknown = sorted(set(data) - set(SECTIONS))
-        if unknown:
-            raise ValueError(f"{path}: unknown top-level key(s) {unknown}; valid keys: {list(SECTIONS)}")
-        if "algorithm" not in data:
-            raise ValueError(f"{path}: the 'algorithm' section is required (e.g. algorithm: {{name: GRPO}})")
-        return cls(**data)
+            apply_override(data, item)
+        return cls.from_dict(data)
 
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+    def finalize(self) -> None:
+        if self.threads is not None and self.threads < 1:
+            raise ConfigError(f"threads must be >= 1 or null, got {self.threads}")
+        team = self.task.name in TEAM_TASKS
+        if team != (self.env.type == "team") or team != (self.algorithm.name == "IPPO"):
+            raise ConfigError(f"task.name={self.task.name!r}, env.type={self.env.type!r} and algorithm.name="
+                              f"{self.algorithm.name!r} do not fit: team tasks {list(TEAM_TASKS)} need env.type: team "
+                              "and algorithm.name: IPPO, and IPPO needs a team task")
+        multiturn = _is_multiturn_task(self.task.name)
+        if multiturn != (self.env.type == "multiturn") and not team:
+            want = "multiturn" if multiturn else "reasoning"
+            raise ConfigError(f"env.type={self.env.type!r} does not fit task.name={self.task.name!r}; "
+                              f"set env.type: {want}")
+        if self.model.source == "tiny_multiturn" and not multiturn:
+            raise ConfigError(f"model.source='tiny_multiturn' needs a multi-turn task.name, one of "
+                              f"{sorted(multiturn_tasks())}")
+        if self.hpo.given("hp_config") and self.hpo.hp_config and self.train.evo_steps is None \
+                and self.algorithm.init_sampler is None:
+            raise ConfigError("hpo.hp_config has no effect without train.evo_steps or algorithm.init_sampler; "
+                              "set one or remove it")
+        cls = algorithm_class(self.algorithm.name)
+        evolvable = (list(cls.evolvable_names(self.algorithm.agent_config())) if hasattr(cls, "evolvable_names")
+                     else [*cls.MUTABLE, "lora_rank"])
+        for name in self.hpo.hp_config:
+            if name not in evolvable:
+                raise ConfigError(f"hpo.hp_config.{name}: {self.algorithm.name} cannot evolve it; "
+                                  f"{did_you_mean(name, evolvable)}evolvable: {sorted(evolvable)}")
+        check_no_effect(self)
+        self._check_ranges(self.algorithm.agent_config(self.seed))
+        if self.train.evo_steps is not None:
+            self.hpo.mutation.build(self.seed)
+            self.hpo.selection.build(self.algorithm.population_size, self.seed)
+
+    def _check_ranges(self, agent_config) -> None:
+        """Every bound (or choice) of an evolvable hyperparameter must be a valid value of it."""
+        for name, spec in self.hpo.hp_config.items():
+            bounds = {"choices": spec.choices} if spec.choices is not None else {"min": [spec.min], "max": [spec.max]}
+            for key, values in bounds.items():
+                for value in values:
+                    value = int(value) if spec.dtype == "int" else value
+                    if name == "lora_rank":
+                        ok, why = isinstance(value, (int, float)) and value >= 1, "a rank must be >= 1"
+                    else:
+                        trial = dataclasses.replace(agent_config)
+                        setattr(trial, name, value)
+                        try:
+                            trial.validate()
+                            ok, why = True, ""
+                        except (TypeError, ValueError) as e:
+                            ok, why = False, str(e)
+                    if not ok:
+                        raise ConfigError(f"hpo.hp_config.{name}.{key}={value!r} is not a valid {name}: {why}")
+
+    def resolve_paths(self) -> None:
+        """Paths the run writes, relative to ``output_dir`` unless absolute (in place)."""
+        resolve_paths(self, self.output_dir)
+
+    def checkpoint_dir(self) -> Path:
+        return Path(self.output_dir) / "checkpoints"
 
 
-def _apply_override(data: dict, item: str) -> None:
-    """``train.max_steps=10`` style override; the value is parsed as YAML."""
-    if "=" not in item:
-        raise ValueError(f"override {item!r} must look like section.key=value")
-    key, value = item.split("=", 1)
+def read_yaml(path: str | Path) -> dict:
+    """The mapping in a YAML file, or a one-line :class:`ConfigError`."""
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError(f"config file {str(path)!r} does not exist")
+    if path.is_dir():
+        raise ConfigError(f"config file {str(path)!r} is a directory, not a YAML file")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError(f"{path}: invalid YAML{where}: {problem}") from e
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: cannot read the config: {e}") from e
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the config must be a mapping of sections, got {type(data).__name__}")
+    return data
+
+
+def apply_override(data: dict, item: str) -> None:
+    """Apply one ``section.key=value`` override (the value is parsed as YAML) to raw config data."""
+    if not isinstance(item, str) or "=" not in item:
+        raise ConfigError(f"--set {item!r} must look like section.key=value (e.g. train.max_steps=10)")
+    key, text = item.split("=", 1)
+    parts = key.strip().split(".")
+    if not all(parts):
+        raise ConfigError(f"--set {item!r}: {key!r} is not a dotted key like train.max_steps")
+    try:
+        value = yaml.safe_load(text) if text.strip() else None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"--set {item!r}: the value is not valid YAML ({getattr(e, 'problem', e)})") from e
     node = data
-    parts = key.split(".")
-    for part in parts[:-1]:
-        node = node.setdefault(part, {})
-    node[parts[-1]] = yaml.safe_load(value)
+    for depth, part in enumerate(parts[:-1]):
+        child = node.setdefault(part, {})
+        if child is None:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            raise ConfigError(f"--set {item!r}: {'.'.join(parts[:depth + 1])} is a value, not a section")
+        node = child
+    node[parts[-1]] = value
 
 
-def build_model(cfg: dict, seed: int, task_name: str | None = None):
+def describe_config() -> str:
+    """Every setting of a run config with its default and help text, one line each."""
+    return document(RunConfig)
+
+
+# --------------------------------------------------------------------------- builders
+def build_model(cfg: ModelSection, seed: int, task_name: str | None = None):
     """``(model, tokenizer)`` from the model section."""
-    cfg = dict(cfg)
-    source = cfg.get("source", "tiny" if "name_or_path" not in cfg else "hub")
-    if source == "tiny":
+    if cfg.source == "tiny":
         from .models.warm_start import load_tiny_model
-        return load_tiny_model(warm_start=cfg.get("warm_start", True), cache_dir=cfg.get("cache_dir"), seed=seed)
-    if source == "tiny_multiturn":
+        return load_tiny_model(warm_start=cfg.warm_start, cache_dir=cfg.cache_dir, seed=seed)
+    if cfg.source == "tiny_coop":
+        from .models.coop_warm_start import load_tiny_coop_model
+        return load_tiny_coop_model(warm_start=cfg.warm_start, cache_dir=cfg.cache_dir, seed=seed)
+    if cfg.source == "tiny_multiturn":
         from .models.multiturn_warm_start import load_tiny_multiturn_model
         if not task_name:
-            raise ValueError("model.source=tiny_multiturn needs task.name (e.g. guess_number or chain_calc)")
-        return load_tiny_multiturn_model(task_name, warm_start=cfg.get("warm_start", True),
-                                         cache_dir=cfg.get("cache_dir"), seed=seed)
-    if source == "tiny_coop":
-        from .models.coop_warm_start import load_tiny_coop_model
-        return load_tiny_coop_model(warm_start=cfg.get("warm_start", True), cache_dir=cfg.get("cache_dir"), seed=seed)
-    if "name_or_path" not in cfg:
-        raise ValueError(f"model.source={source!r} is not valid; choose one of ['tiny', 'tiny_multiturn', 'tiny_coop'] "
-                         "or give model.name_or_path")
+            raise ConfigError("model.source=tiny_multiturn needs task.name (e.g. guess_number or chain_calc)")
+        return load_tiny_multiturn_model(task_name, warm_start=cfg.warm_start, cache_dir=cfg.cache_dir, seed=seed)
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    name = cfg["name_or_path"]
-    dtype = getattr(torch, cfg.get("dtype", "float32"))
-    tokenizer = AutoTokenizer.from_pretrained(name)
+    tokenizer = AutoTokenizer.from_pretrained(cfg.name_or_path)
     tokenizer.padding_side = "left"
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype)
+    model = AutoModelForCausalLM.from_pretrained(cfg.name_or_path, dtype=getattr(torch, cfg.dtype))
     return model, tokenizer
 
 
-def build_task(cfg: dict, seed: int):
+def build_task(cfg: TaskSection, seed: int):
     """``(train, test, reward_fn, template)`` from the task section."""
     from . import tasks
 
-    cfg = dict(cfg)
-    name = cfg.pop("name", "arithmetic")
-    reward = cfg.pop("reward", "exact_match")
-    if name != "arithmetic":
-        raise ValueError(f"task.name={name!r} is not a single-turn task; valid: ['arithmetic']")
-    if "ops" in cfg:
-        cfg["ops"] = tuple(cfg["ops"])
-    if "digits" in cfg:
-        cfg["digits"] = tuple(cfg["digits"])
-    train, test = tasks.arithmetic_dataset(seed=cfg.pop("seed", seed), **cfg)
+    if cfg.name != "arithmetic":
+        raise ConfigError(f"task.name={cfg.name!r} is not a single-turn task; valid: {list(SINGLE_TURN_TASKS)}")
+    train, test = tasks.arithmetic_dataset(n_train=cfg.n_train, n_test=cfg.n_test, ops=tuple(cfg.ops),
+                                           digits=tuple(cfg.digits), seed=seed if cfg.seed is None else cfg.seed)
     rewards = {"exact_match": tasks.exact_match_reward,
                "exact_match+format": tasks.combine_rewards(tasks.exact_match_reward, tasks.format_reward)}
-    if reward not in rewards:
-        raise ValueError(f"task.reward={reward!r} is not valid; choose one of {sorted(rewards)}")
-    return train, test, rewards[reward], tasks.ARITHMETIC_TEMPLATE
+    return train, test, rewards[cfg.reward], tasks.ARITHMETIC_TEMPLATE
 
 
-def build_hpo(cfg: dict, population_size: int, seed: int) -> tuple[Any, Any, Any]:
-    """``(hp_config, mutation, selection)`` from the hpo section (``None``s when absent)."""
-    from .hpo import HyperparameterConfig, Mutations, RLParameter, TournamentSelection, TruncationSelection
+def build_hpo(cfg: RunConfig) -> tuple[Any, Any, Any]:
+    """``(hp_config, mutation, selection)``; mutation and selection are ``None`` without train.evo_steps."""
+    from .hpo import HyperparameterConfig
 
-    if not cfg:
-        return None, None, None
-    params = {}
-    for name, spec in (cfg.get("hp_config") or {}).items():
-        spec = dict(spec)
-        if isinstance(spec.get("dtype"), str) and spec["dtype"] in ("int", "float"):
-            spec["dtype"] = {"int": int, "float": float}[spec["dtype"]]
-        params[name] = RLParameter(**spec)
+    params = {name: spec.parameter() for name, spec in cfg.hpo.hp_config.items()}
     hp_config = HyperparameterConfig(**params) if params else None
-    mutation = Mutations(**{"rand_seed": seed, **(cfg.get("mutation") or {})})
-    sel = dict(cfg.get("selection") or {"type": "tournament", "tournament_size": 2})
-    kind = sel.pop("type", "tournament")
-    sel.setdefault("rand_seed", seed)
-    if kind == "tournament":
-        sel.setdefault("tournament_size", 2)
-        selection = TournamentSelection(population_size=population_size, **sel)
-    elif kind == "truncation":
-        selection = TruncationSelection(population_size=population_size, **sel)
-    else:
-        raise ValueError(f"hpo.selection.type={kind!r} is not valid; choose one of ['tournament', 'truncation']")
-    return hp_config, mutation, selection
+    if cfg.train.evo_steps is None:
+        return hp_config, None, None
+    return (hp_config, cfg.hpo.mutation.build(cfg.seed),
+            cfg.hpo.selection.build(cfg.algorithm.population_size, cfg.seed))

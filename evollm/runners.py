@@ -12,8 +12,9 @@ def run_reasoning(cfg, members, tokenizer, train_cfg: dict, evo_steps, selection
     from .training.loop import finetune_llm_reasoning
 
     train_ds, test_ds, reward_fn, template = build_task(cfg.task, cfg.seed)
-    env_cfg = {k: v for k, v in cfg.env.items() if k != "type"}
-    env = ReasoningGym(train_ds, test_ds, tokenizer, reward_fn, template, seed=cfg.seed, **env_cfg)
+    env = ReasoningGym(train_ds, test_ds, tokenizer, reward_fn, template, seed=cfg.seed,
+                       data_batch_size_per_gpu=cfg.env.data_batch_size_per_gpu,
+                       max_context_length=cfg.env.max_context_length, eval_batch_size=cfg.env.eval_batch_size)
     initial = evaluate_population(members[:1], env, record=False)[0]
     print(f"warm start: held-out accuracy {initial:.3f} on {len(env.test_prompts())} fixed test questions")
     agents, population = finetune_llm_reasoning(
@@ -26,6 +27,8 @@ def run_reasoning(cfg, members, tokenizer, train_cfg: dict, evo_steps, selection
 def run_multiturn(cfg, members, tokenizer, train_cfg: dict, evo_steps, selection, mutation, quiet: bool) -> dict:
     from .training.multiturn import run_multiturn_from_config
 
+    train_cfg = {**train_cfg, "episodes_per_step": cfg.train.episodes_per_step,
+                 "eval_episodes": cfg.train.eval_episodes}
     return run_multiturn_from_config(cfg, members, tokenizer, train_cfg, evo_steps, selection, mutation, quiet)
 
 

@@ -14,7 +14,21 @@ otherwise each row gathers its member's matrices.
 
 While routing is active the adapters are disabled in PEFT (so PEFT computes the
 base output only) and a forward hook on each LoRA layer adds the routed update.
-Dropout on the LoRA input is not applied on this path.
+Dropout on the LoRA input is not applied on this path: evollm runs every forward that
+samples or feeds a loss with dropout off (``disable_dropout``), where LoRA dropout is the
+identity; with dropout on, callers use each member's own PEFT forward instead.
+
+Which ``LoraConfig`` settings take which path (:func:`check_lora_config`, :func:`batch_path`):
+
+* routed exactly: LoRA on any ``nn.Linear`` (attention/MLP projections, ``lm_head``),
+  ``lora_dropout``, ``use_rslora``, ``rank_pattern`` / ``alpha_pattern``, ``layers_to_transform``,
+  members of different ranks, and members whose adapters cover different layers;
+* one forward per member through PEFT's own layers: ``use_dora`` (DoRA's weight-norm is not a
+  plain low-rank update, and PEFT's mixed-batch path ``adapter_names=`` refuses DoRA);
+* a one-line ``ValueError`` when the member is built: everything else (LoRA on embeddings or
+  convolutions, ``modules_to_save``, ``bias``, ``lora_bias``, initialisations that edit the shared
+  base such as PiSSA/OLoRA/LoftQ/EVA/CorDA, ``layer_replication``, ``target_parameters``,
+  ``trainable_token_indices``, QALoRA, aLoRA, ...).
 """
 
 from __future__ import annotations
@@ -35,11 +49,72 @@ class _LayerStack:
     B: torch.Tensor  # [N, R, out]  (already scaled by alpha / r)
 
 
+#: LoraConfig fields that must keep their default for a member on the shared base, with why.
+_UNSUPPORTED = {
+    "modules_to_save": "full module copies per member are not routed, cloned or resized",
+    "trainable_token_indices": "per-member token embeddings are not routed",
+    "layer_replication": "it changes the shared base's layers",
+    "target_parameters": "LoRA on bare parameters is not routed",
+    "loftq_config": "LoftQ rewrites the shared base weights",
+    "eva_config": "EVA initialisation is not supported", "corda_config": "CorDA rewrites the shared base weights",
+    "lora_ga_config": "LoRA-GA initialisation is not supported", "use_qalora": "QALoRA is not routed",
+    "alora_invocation_tokens": "aLoRA is not routed", "megatron_config": "Megatron layers are not routed",
+    "use_bdlora": "BD-LoRA is not routed", "arrow_config": "Arrow routing is not supported",
+    "kasa_config": "KaSA is not routed", "velora_config": "VeLoRA is not routed",
+    "monteclora_config": "MonteCLoRA is not routed", "lora_bias": "a LoRA bias is not routed",
+}
+_INITS = (True, False, "gaussian")
+
+ROUTED, PER_MEMBER = "routed", "per_member"
+
+
+def check_lora_config(config) -> str:
+    """The batch path of a member with this ``LoraConfig`` (``"routed"`` or ``"per_member"``), or a
+    one-line ``ValueError`` naming the setting that evollm cannot run exactly on a shared base."""
+    for name, why in _UNSUPPORTED.items():
+        if getattr(config, name, None) not in (None, False, {}, [], ()):
+            raise ValueError(f"LoraConfig.{name}={getattr(config, name)!r} is not supported: {why}; "
+                             f"leave it at its default")
+    if getattr(config, "bias", "none") != "none":
+        raise ValueError(f"LoraConfig.bias={config.bias!r} is not supported: the bias belongs to the shared base; "
+                         f"use bias='none'")
+    if getattr(config, "init_lora_weights", True) not in _INITS:
+        raise ValueError(f"LoraConfig.init_lora_weights={config.init_lora_weights!r} is not supported: it edits "
+                         f"the shared base or is not routed; use one of {list(_INITS)}")
+    return PER_MEMBER if getattr(config, "use_dora", False) else ROUTED
+
+
+def check_adapter_layers(shared: SharedBase, name: str) -> None:
+    """A one-line ``ValueError`` when adapter ``name`` sits on a layer kind routing does not handle
+    (LoRA on embeddings or convolutions): only ``nn.Linear`` layers are accepted."""
+    for lname, layer in shared.lora_layers():
+        if name in getattr(layer, "lora_embedding_A", {}):
+            raise ValueError(f"LoRA on the embedding layer {lname!r} is not supported (not routed, not resized); "
+                             f"drop it from target_modules")
+        if name in layer.lora_A and not isinstance(layer.get_base_layer(), torch.nn.Linear):
+            raise ValueError(f"LoRA on {type(layer.get_base_layer()).__name__} layer {lname!r} is not supported; "
+                             f"target nn.Linear layers only")
+
+
+def batch_path(shared: SharedBase, names: Sequence[str]) -> str:
+    """``"routed"`` when every adapter in ``names`` is routed exactly, else ``"per_member"``."""
+    return PER_MEMBER if any(check_lora_config(shared.config(n)) == PER_MEMBER for n in names) else ROUTED
+
+
 def _stack_layer(layer, names: Sequence[str]) -> _LayerStack:
-    ranks = [layer.r[n] for n in names]
-    R = max(ranks)
+    """Members without an adapter on this layer (``layers_to_transform``, other target modules)
+    contribute zeros."""
+    present = [n for n in names if n in layer.lora_A]
+    R = max(layer.r[n] for n in present)
+    ref = layer.lora_A[present[0]].weight
+    d_in, d_out = ref.shape[1], layer.lora_B[present[0]].weight.shape[0]
     As, Bs = [], []
-    for name, r in zip(names, ranks):
+    for name in names:
+        if name not in layer.lora_A:
+            As.append(ref.new_zeros(d_in, R))
+            Bs.append(ref.new_zeros(R, d_out))
+            continue
+        r = layer.r[name]
         a = layer.lora_A[name].weight  # [r, in]
         b = layer.lora_B[name].weight * layer.scaling[name]  # [out, r]
         if r < R:
@@ -64,7 +139,7 @@ class _Router:
         self.uniform = len(set(self.counts)) == 1
         self.device = shared.device
         self._row_index: dict[int, torch.Tensor] = {}
-        self.layers = [m for _, m in shared.lora_layers() if all(n in m.lora_A for n in names)]
+        self.layers = [m for _, m in shared.lora_layers() if any(n in m.lora_A for n in names)]
         self.stacks: dict[int, _LayerStack] = {}
         if not differentiable:
             with torch.no_grad():
@@ -107,6 +182,9 @@ def routed(shared: SharedBase, names: Sequence[str], counts: Sequence[int], diff
     ``differentiable=False`` (generation, evaluation) stacks the matrices once on entry;
     ``True`` restacks on every forward so gradients reach each member's own adapter.
     """
+    if batch_path(shared, names) != ROUTED:
+        raise ValueError(f"adapters {[n for n in names if check_lora_config(shared.config(n)) != ROUTED]} cannot "
+                         f"be routed (DoRA); run them one member at a time")
     router = _Router(shared, names, counts, differentiable)
     model = shared.model
     layers = [m for _, m in shared.lora_layers()]

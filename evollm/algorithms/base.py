@@ -10,18 +10,34 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from dataclasses import dataclass
-from typing import Any, Callable, ClassVar
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar, Sequence
 
 import torch
 from peft import LoraConfig
 
+from ..adapters.routing import check_adapter_layers, check_lora_config
 from ..adapters.shared import SharedBase, default_lora_config
-from ..rollout import SamplingConfig, collate_prompts, forward_logprobs
+from ..rollout import SamplingConfig, collate_prompts, eos_ids, forward_logprobs
+from ..rollout.sampling import check_extra
 
 @dataclass
 class AgentConfig:
-    """Hyperparameters every LLM agent has."""
+    """Hyperparameters every LLM agent has.
+
+    The policy contract (what is sampled is what the loss scores):
+
+    * ``temperature``: sampling temperature; the loss scores ``log_softmax(logits / temperature)``.
+    * ``top_p`` / ``top_k``: off by default (1.0 / 0). Setting them is an opt-in that warns: the
+      loss does not model the truncation.
+    * ``stop_strings``: strings that end a completion like an eos (needs ``tokenizer=`` on the member).
+    * ``generation_overrides``: other ``transformers.GenerationConfig`` fields (e.g.
+      ``{"repetition_penalty": 1.1}``); an opt-in that warns, the loss does not model them. Nothing
+      is taken from the model's own ``generation_config`` except its eos ids.
+    * ``disable_dropout``: every forward that samples or feeds a loss runs with dropout off (LoRA
+      dropout and the base model's own), so the importance ratio is exactly 1 before an update.
+    """
 
     lr: float = 5e-5
     batch_size: int = 16
@@ -38,12 +54,52 @@ class AgentConfig:
     logits_budget_mb: float = 256.0
     weight_decay: float = 0.0
     seed: int = 42
+    stop_strings: tuple[str, ...] = ()
+    generation_overrides: dict = field(default_factory=dict)
+    disable_dropout: bool = True
+
+    def validate(self) -> None:
+        """Reject values no run can use (one line naming the field); subclasses call this first."""
+        for name in ("lr", "lr_actor", "lr_critic"):
+            value = getattr(self, name, None)
+            if value is not None and not (_finite(value) and value > 0):
+                raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+        for name in ("batch_size", "update_epochs", "max_output_tokens"):
+            if not _integer(getattr(self, name)) or getattr(self, name) < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {getattr(self, name)!r}")
+        if not (_finite(self.temperature) and self.temperature > 0):
+            raise ValueError(f"temperature must be > 0, got {self.temperature!r}")
+        if not (_finite(self.top_p) and 0 < self.top_p <= 1):
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if not _integer(self.top_k) or self.top_k < 0:
+            raise ValueError(f"top_k must be an integer >= 0 (0: off), got {self.top_k!r}")
+        if not (_finite(self.beta) and self.beta >= 0):
+            raise ValueError(f"beta must be >= 0, got {self.beta!r}")
+        if self.max_grad_norm is not None and not (_finite(self.max_grad_norm) and self.max_grad_norm > 0):
+            raise ValueError(f"max_grad_norm must be > 0 or None, got {self.max_grad_norm!r}")
+        if not (_finite(self.weight_decay) and self.weight_decay >= 0):
+            raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay!r}")
+        if self.max_model_len is not None and (not _integer(self.max_model_len) or self.max_model_len < 1):
+            raise ValueError(f"max_model_len must be an integer >= 1 or None, got {self.max_model_len!r}")
+        if not (_finite(self.logits_budget_mb) and self.logits_budget_mb > 0):
+            raise ValueError(f"logits_budget_mb must be > 0, got {self.logits_budget_mb!r}")
+        lo, hi = self.clip_bounds()
+        if not (_finite(lo) and _finite(hi) and 0 <= lo <= 1 <= hi):
+            raise ValueError(f"clip_coef={self.clip_coef!r} must give bounds lo <= 1 <= hi, got ({lo}, {hi})")
 
     def clip_bounds(self) -> tuple[float, float]:
         c = self.clip_coef
         if isinstance(c, (tuple, list)):
             return float(c[0]), float(c[1])
         return 1.0 - float(c), 1.0 + float(c)
+
+
+def _finite(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _integer(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def build_config(config_cls, config, overrides: dict) -> Any:
@@ -70,21 +126,29 @@ class LLMAgent:
     ROLES: ClassVar[tuple[str, ...]] = ("actor",)
 
     def __init__(self, actor_network: torch.nn.Module, pad_token_id: int, pad_token: str | None = None,
-                 *, eos_token_id: int | None = None, config=None, hp_config=None, index: int | None = None,
-                 lora_config: LoraConfig | None = None, device: str | torch.device | None = None,
-                 **hyperparameters):
+                 *, eos_token_id: int | Sequence[int] | None = None, tokenizer=None, config=None, hp_config=None,
+                 index: int | None = None, lora_config: LoraConfig | None = None,
+                 device: str | torch.device | None = None, **hyperparameters):
         self.config = build_config(self.config_cls, config, hyperparameters)
+        check_extra(self.config.generation_overrides)
+        if self.config.stop_strings and tokenizer is None:
+            raise ValueError("stop_strings need the tokenizer: pass tokenizer= to the member")
         self.pad_token_id = int(pad_token_id)
         self.pad_token = pad_token
-        if eos_token_id is None:
-            eos_token_id = getattr(getattr(actor_network, "generation_config", None), "eos_token_id", None)
-            if isinstance(eos_token_id, (list, tuple)):
-                eos_token_id = eos_token_id[0]
-        self.eos_token_id = eos_token_id if eos_token_id is not None else self.pad_token_id
+        self.tokenizer = tokenizer
+        self.eos_token_ids = all_eos_ids(actor_network, eos_token_id, tokenizer, self.pad_token_id)
+        self.eos_token_id = self.eos_token_ids[0]
         self.lora_config = copy.deepcopy(lora_config) if lora_config is not None else default_lora_config()
+        check_lora_config(self.lora_config)
         if device is not None:
             actor_network.to(device)
         self.shared, self.index = SharedBase.attach(actor_network, self.lora_config, index, self.ROLES)
+        try:
+            check_adapter_layers(self.shared, self.adapter_name("actor"))
+        except ValueError:
+            for role in self.ROLES:
+                self.shared.delete_adapter(self.adapter_name(role))
+            raise
         self._init_extra_modules()
         self.optimizer = self._build_optimizer()
         self.hp_config = hp_config
@@ -162,6 +226,13 @@ class LLMAgent:
             self.set_lora_rank(int(value))
             return
         self.get_hyperparameter(name)  # validates the name
+        trial = copy.deepcopy(self.config)
+        setattr(trial, name, value)
+        try:
+            if hasattr(trial, "validate"):
+                trial.validate()
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"member {self.index}: {name}={value!r} is not valid: {e}") from None
         setattr(self.config, name, value)
         self._apply_hyperparameter(name, value)
 
@@ -178,6 +249,8 @@ class LLMAgent:
 
     def set_lora_rank(self, rank: int) -> None:
         from ..adapters.resize import resize_member
+        if isinstance(rank, bool) or int(rank) != rank or rank < 1:
+            raise ValueError(f"member {self.index}: lora_rank must be an integer >= 1, got {rank!r}")
         resize_member(self, rank)
 
     # ------------------------------------------------------------------ population methods
@@ -233,7 +306,8 @@ class LLMAgent:
     def sampling_config(self, training: bool = True, group_size: int = 1) -> SamplingConfig:
         c = self.config
         return SamplingConfig(max_new_tokens=c.max_output_tokens, temperature=c.temperature, top_p=c.top_p,
-                              top_k=c.top_k, do_sample=training, num_return_sequences=group_size if training else 1)
+                              top_k=c.top_k, do_sample=training, num_return_sequences=group_size if training else 1,
+                              stop_strings=tuple(c.stop_strings), extra=tuple(sorted((k, _frozen(v)) for k, v in c.generation_overrides.items())))
 
     def get_logprobs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                      use_reference: bool = False, with_entropy: bool = False):
@@ -260,6 +334,21 @@ class LLMAgent:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)  # a member holds no gradient memory between updates
         return float(norm)
+
+
+def _frozen(value):
+    """Lists (from YAML/JSON) as tuples, so sampling settings can group members."""
+    return tuple(_frozen(v) for v in value) if isinstance(value, (list, tuple)) else value
+
+
+def all_eos_ids(model, eos_token_id, tokenizer, pad_token_id: int) -> tuple[int, ...]:
+    """Every id that ends a completion: ``eos_token_id`` (an id or a list), every id of the model's
+    ``generation_config.eos_token_id`` (an id or a list) and the tokenizer's eos; the pad id when
+    none is known."""
+    ids = eos_ids(eos_token_id)
+    ids += eos_ids(getattr(getattr(model, "generation_config", None), "eos_token_id", None))
+    ids += eos_ids(getattr(tokenizer, "eos_token_id", None))
+    return tuple(dict.fromkeys(ids)) or (int(pad_token_id),)
 
 
 def copy_attributes(agent: LLMAgent, clone: LLMAgent) -> LLMAgent:

@@ -30,13 +30,15 @@ class GRPOConfig(AgentConfig):
     clip_coef: float | tuple[float, float] = 0.2
 
     def validate(self) -> None:
+        super().validate()
         if self.loss_type not in F.LOSS_TYPES:
             raise ValueError(f"loss_type={self.loss_type!r} is not valid; choose one of {list(F.LOSS_TYPES)}")
         if self.scale_rewards not in F.ADVANTAGE_SCALES:
             raise ValueError(f"scale_rewards={self.scale_rewards!r} is not valid; "
                              f"choose one of {list(F.ADVANTAGE_SCALES)}")
-        if self.group_size < 1:
-            raise ValueError(f"group_size must be >= 1, got {self.group_size}")
+        if self.group_size < 2:
+            raise ValueError(f"group_size must be >= 2 for the GRPO family (advantages are relative to the "
+                             f"other samples of the same prompt), got {self.group_size}")
         if self.batch_size < 1 or self.update_epochs < 1:
             raise ValueError(f"batch_size and update_epochs must be >= 1, got {self.batch_size}, "
                              f"{self.update_epochs}")
@@ -106,7 +108,7 @@ class GRPO(LLMAgent):
         for i, agent in enumerate(agents):
             c = agent.config
             groups.setdefault((id(agent.shared), c.update_epochs, c.batch_size, c.temperature, c.logprob_chunk_rows,
-                               agent.pad_token_id), []).append(i)
+                               agent.pad_token_id, c.disable_dropout), []).append(i)
         for members in groups.values():
             out = grpo_update([agents[i] for i in members], [experiences[i] for i in members])
             results.update(zip(members, out))
@@ -165,7 +167,7 @@ def _joint_logprobs(agents, seqs, attn, rows_each: int, grad: bool, reference: b
     """Log-probs of concatenated row blocks, block ``i`` under ``agents[i]`` (or the reference)."""
     a0, c = agents[0], agents[0].config
     return member_logprobs(a0.shared, [a.adapter_name("actor") for a in agents], seqs, attn, rows_each, grad,
-                           reference, c.temperature, c.logprob_chunk_rows, c.logits_budget_mb)
+                           reference, c.temperature, c.logprob_chunk_rows, c.logits_budget_mb, c.disable_dropout)
 
 
 def _fits_one_forward(agents, tokens: int) -> bool:

@@ -271,9 +271,14 @@ class IPPOTeam:
         return f"IPPOTeam(index={self.index}, agents={[a.index for a in self.agents]}, ranks={[a.lora_rank for a in self.agents]})"
 
     # ------------------------------------------------------------------ hyperparameters
+    @staticmethod
+    def evolvable_names(config: IPPOConfig) -> tuple[str, ...]:
+        """Hyperparameter names a team with ``config`` can evolve: every per-agent name, bare (all agents)
+        or as ``agent<i>.<name>``."""
+        return AGENT_MUTABLE + tuple(f"agent{i}.{n}" for i in range(config.num_agents) for n in AGENT_MUTABLE)
+
     def mutable_hyperparameters(self) -> tuple[str, ...]:
-        per_agent = tuple(f"agent{i}.{n}" for i in range(self.num_agents) for n in AGENT_MUTABLE)
-        return AGENT_MUTABLE + per_agent
+        return self.evolvable_names(self.config)
 
     def _resolve(self, name: str) -> tuple[list[IPPOAgent], str]:
         agents, short = self.agents, name

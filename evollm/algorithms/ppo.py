@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from .. import functional as F
-from ..rollout import position_ids_from_mask
+from ..rollout import loss_forward, position_ids_from_mask
 from .base import AgentConfig
 from .multiturn_rollout import (EpisodeAgent, EpisodeBatch, episode_batch, last_token_of_turn, pack_actions,
                                 unpack_actions)
@@ -62,6 +62,7 @@ class LLMPPOConfig(AgentConfig):
     adv_whitening: bool = True
 
     def validate(self) -> None:
+        super().validate()
         self.lr_actor = self.lr if self.lr_actor is None else self.lr_actor
         self.lr = self.lr_actor
         self.lr_critic = self.lr_actor if self.lr_critic is None else self.lr_critic
@@ -124,7 +125,8 @@ class LLMPPO(EpisodeAgent):
     def _token_values(self, ids: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         """``[B, L-1]`` critic values; position ``t`` is the value of the prefix ``ids[:, :t+1]`` (the state
         from which ``ids[:, t+1]`` is generated). Gradients flow when called with grad enabled."""
-        with self.shared.use(self.adapter_name("critic"), train=torch.is_grad_enabled()) as model:
+        with loss_forward(self.shared, self.adapter_name("critic"), torch.is_grad_enabled(),
+                          self.config.disable_dropout) as model:
             out = model(input_ids=ids, attention_mask=attn, position_ids=position_ids_from_mask(attn),
                         use_cache=False, output_hidden_states=True)
             hidden = out.hidden_states[-1][:, :-1]
@@ -212,7 +214,7 @@ class LLMPPO(EpisodeAgent):
                 sub = EpisodeBatch(ids[rows], attn[rows], mask[rows], batch.turn_ids[rows], batch.rewards[rows])
                 self.optimizer.zero_grad(set_to_none=True)
                 # actor: clipped policy loss (+ KL) - entropy bonus
-                with self.shared.use(self.adapter_name("actor"), train=True) as model:
+                with loss_forward(self.shared, self.adapter_name("actor"), True, c.disable_dropout) as model:
                     logits = self._forward_logits(model, sub.input_ids, sub.attention_mask)
                     logp = F.token_logprobs(logits, sub.input_ids[:, 1:])
                     with torch.set_grad_enabled(c.ent_coef != 0):

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from .. import functional as F
+from ..rollout import loss_forward
 from .base import AgentConfig, LLMAgent
 from .multiturn_rollout import (EpisodeAgent, EpisodeBatch, episode_batch, last_token_of_turn, pack_actions,
                                 unpack_actions)
@@ -41,6 +42,7 @@ class LLMREINFORCEConfig(AgentConfig):
     action_granularity: str = "turn"
 
     def validate(self) -> None:
+        super().validate()
         if self.action_granularity not in GRANULARITIES:
             raise ValueError(f"action_granularity={self.action_granularity!r}; choose one of {list(GRANULARITIES)}")
         if self.batch_size < 1 or self.update_epochs < 1 or self.group_size < 1:
@@ -93,7 +95,7 @@ class LLMREINFORCE(EpisodeAgent):
 
         stats: dict[str, list[float]] = {k: [] for k in ("loss", "kl", "clip_fraction", "entropy", "grad_norm")}
         gen = torch.Generator().manual_seed(c.seed + self.steps)
-        with self.shared.use(self.adapter_name("actor"), train=True) as model:
+        with loss_forward(self.shared, self.adapter_name("actor"), True, c.disable_dropout) as model:
             for _ in range(c.update_epochs):
                 order = torch.randperm(n, generator=gen)
                 for start in range(0, n, c.batch_size):

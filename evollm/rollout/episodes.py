@@ -19,9 +19,9 @@ from typing import Callable, Sequence
 
 import torch
 
-from .population import generate_for_members, sampling_groups
+from .population import generate_for_members, rollout_masks, sampling_groups
 from .sampling import generate
-from .tokens import collate_prompts, stack_rows
+from .tokens import action_mask_for, collate_prompts, stack_rows
 
 
 @dataclass
@@ -89,8 +89,14 @@ def model_generate_fn(model, sampling, pad_token_id: int, eos_token_id: int | No
     def fn(active, prompts):
         ids, mask = collate_prompts(prompts, pad_token_id)
         seqs = generate(model, ids, mask, sampling, pad_token_id, eos_token_id)
-        return list(seqs[:, ids.shape[1]:].cpu())
+        return completions(seqs, ids.shape[1], action_mask_for(seqs, ids.shape[1], eos_token_id))
     return fn
+
+
+def completions(seqs: torch.Tensor, prompt_len: int, action_mask: torch.Tensor) -> list[torch.Tensor]:
+    """Each row's completion ids, up to and including its first eos / stop string (padding dropped)."""
+    lengths = action_mask[:, prompt_len - 1:].sum(1).tolist()
+    return [seqs[i, prompt_len:prompt_len + int(n)].cpu() for i, n in enumerate(lengths)]
 
 
 def population_generate_fn(owners: Sequence, training: bool) -> GenerateFn:
@@ -104,8 +110,9 @@ def population_generate_fn(owners: Sequence, training: bool) -> GenerateFn:
             rows = [j for block in blocks for j in block]
             ids, mask = collate_prompts([prompts[j] for j in rows], pad_id)
             seqs = generate_for_members(group, ids, mask, [len(b) for b in blocks], sampling, pad_id, eos_id)
+            done = completions(seqs, ids.shape[1], rollout_masks(group, seqs, ids.shape[1], sampling, eos_id))
             for k, j in enumerate(rows):
-                out[j] = seqs[k, ids.shape[1]:].cpu()
+                out[j] = done[k]
         return out
     return fn
 

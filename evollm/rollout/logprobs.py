@@ -3,11 +3,12 @@ reference policy (the shared base with every adapter disabled)."""
 
 from __future__ import annotations
 
+import contextlib
 from typing import Sequence
 
 import torch
 
-from ..adapters.routing import routed
+from ..adapters.routing import ROUTED, batch_path, routed
 from ..functional import token_logprobs
 from .tokens import position_ids_from_mask
 
@@ -47,20 +48,54 @@ def forward_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tenso
     return (logp, torch.cat(ents)) if with_entropy else logp
 
 
+@contextlib.contextmanager
+def loss_forward(shared, name: str, grad: bool = True, disable_dropout: bool = True):
+    """Run the shared model as member ``name`` for a forward that feeds a loss.
+
+    With ``disable_dropout`` (the default everywhere) the model runs in eval mode, so LoRA dropout
+    and the base model's own dropout (attention, hidden, embedding) are off and the loss scores
+    exactly the policy that sampled; gradients flow all the same. Layers that use gradient
+    checkpointing are flagged as training on their own (not their children), so checkpointing
+    still runs. Without ``disable_dropout`` a gradient forward runs in train mode (dropout on)."""
+    with shared.use(name, train=grad and not disable_dropout) as model:
+        flagged = []
+        if grad and disable_dropout and getattr(model, "is_gradient_checkpointing", False):
+            flagged = [m for m in model.modules() if getattr(m, "gradient_checkpointing", False) is True
+                       and not m.training]
+            for m in flagged:
+                m.training = True
+        try:
+            yield model
+        finally:
+            for m in flagged:
+                m.training = False
+
+
 def member_logprobs(shared, names: Sequence[str], seqs: torch.Tensor, attn: torch.Tensor, rows_each: int,
                     grad: bool, reference: bool = False, temperature: float = 1.0, chunk_rows: int | None = None,
-                    logits_budget_mb: float = 256.0) -> torch.Tensor:
+                    logits_budget_mb: float = 256.0, disable_dropout: bool = True) -> torch.Tensor:
     """Log-probs of concatenated row blocks, block ``i`` (``rows_each`` rows) under adapter ``names[i]``
-    of ``shared`` (or, with ``reference``, all of them under the base alone). Several members run as
-    ONE routed forward; ``chunk_rows`` applies to a single member or the reference."""
+    of ``shared`` (or, with ``reference``, all of them under the base alone), with dropout off unless
+    ``disable_dropout`` is False (see :func:`loss_forward`).
+
+    Several members run as ONE routed forward when their adapters are routed exactly and dropout
+    is off; otherwise (DoRA, or dropout on) each block runs through PEFT's own forward in turn.
+    ``chunk_rows`` applies to a single member or the reference."""
     if reference:
-        ctx = shared.reference()
-    elif len(names) == 1:
-        ctx = shared.use(names[0], train=grad)
+        with torch.set_grad_enabled(grad), shared.reference() as model:
+            return forward_logprobs(model, seqs, attn, temperature, chunk_rows, logits_budget_mb=logits_budget_mb)
+    if len(names) > 1 and (batch_path(shared, names) != ROUTED or (grad and not disable_dropout)):
+        return torch.cat([member_logprobs(shared, [n], seqs[i * rows_each:(i + 1) * rows_each],
+                                          attn[i * rows_each:(i + 1) * rows_each], rows_each, grad, False, temperature,
+                                          chunk_rows, logits_budget_mb, disable_dropout)
+                          for i, n in enumerate(names)])
+    if len(names) == 1:
+        ctx = loss_forward(shared, names[0], grad, disable_dropout)
+        chunk = chunk_rows
     else:
         ctx = routed(shared, list(names), [rows_each] * len(names), differentiable=grad)
-    chunk = chunk_rows if len(names) == 1 or reference else seqs.shape[0]
+        chunk = seqs.shape[0]
     with torch.set_grad_enabled(grad), ctx as model:
-        if grad:
-            model.train()
+        if len(names) > 1 and grad:
+            model.eval()  # dropout off (routing never applies LoRA dropout); gradients still flow
         return forward_logprobs(model, seqs, attn, temperature, chunk, logits_budget_mb=logits_budget_mb)

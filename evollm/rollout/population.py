@@ -3,7 +3,11 @@ members whose sampling settings agree, each row routed to its member's adapter (
 :mod:`evollm.adapters.routing`); and evaluation of every member on fixed test prompts.
 
 Members are duck-typed: ``shared``, ``index``, ``adapter_name(role)``, ``sampling_config(training,
-group_size)``, ``pad_token_id``, ``eos_token_id`` and ``config.group_size`` are all that is used.
+group_size)``, ``pad_token_id``, ``eos_token_ids`` (or ``eos_token_id``), ``tokenizer`` (optional, for
+stop strings) and ``config.group_size`` are all that is used.
+
+Members whose adapters are routed exactly (:func:`evollm.adapters.routing.batch_path`) share one
+forward; otherwise (DoRA) each member's rows run through PEFT's own layers, one member at a time.
 """
 
 from __future__ import annotations
@@ -13,8 +17,8 @@ from typing import Callable, Sequence
 
 import torch
 
-from ..adapters.routing import routed
-from .sampling import SamplingConfig, generate
+from ..adapters.routing import ROUTED, batch_path, routed
+from .sampling import SamplingConfig, generate, stop_string_ends
 from .tokens import Rollout, action_mask_for, collate_prompts, sequence_attention_mask
 
 
@@ -24,22 +28,56 @@ def sampling_groups(agents: Sequence, training: bool, group_size_of: Callable[[o
     groups = defaultdict(list)
     for agent in agents:
         sampling = agent.sampling_config(training, group_size_of(agent))
-        groups[(id(agent.shared), sampling, agent.pad_token_id, agent.eos_token_id)].append(agent)
+        groups[(id(agent.shared), sampling, agent.pad_token_id, member_eos_ids(agent))].append(agent)
     return groups
+
+
+def member_eos_ids(agent) -> tuple[int, ...]:
+    """Every id that ends a completion of ``agent``."""
+    ids = getattr(agent, "eos_token_ids", None)
+    if ids is None:
+        ids = (agent.eos_token_id,) if agent.eos_token_id is not None else ()
+    return tuple(ids)
 
 
 def generate_for_members(members: Sequence, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                          counts: Sequence[int], sampling: SamplingConfig, pad_token_id: int,
-                         eos_token_id: int | None) -> torch.Tensor:
+                         eos_token_id, return_scores: bool = False):
     """One ``generate`` where the prompt rows come in contiguous blocks, ``counts[i]`` rows for
     ``members[i]`` (all on one shared base, equal sampling settings). Returns prompt + completion ids,
-    ``num_return_sequences`` consecutive rows per prompt row."""
+    ``num_return_sequences`` consecutive rows per prompt row (and, with ``return_scores``, the
+    log-probs of the sampled distributions, see :func:`~evollm.rollout.sampling.generate`)."""
     shared = members[0].shared
+    tokenizer = getattr(members[0], "tokenizer", None)
+    names = [m.adapter_name("actor") for m in members]
+    args = (sampling, pad_token_id, eos_token_id)
+    kw = dict(tokenizer=tokenizer, return_scores=return_scores)
     if len(members) == 1:
-        with shared.use(members[0].adapter_name("actor")) as model:
-            return generate(model, input_ids, attention_mask, sampling, pad_token_id, eos_token_id)
-    with routed(shared, [m.adapter_name("actor") for m in members], counts) as model:
-        return generate(model, input_ids, attention_mask, sampling, pad_token_id, eos_token_id)
+        with shared.use(names[0]) as model:
+            return generate(model, input_ids, attention_mask, *args, **kw)
+    if batch_path(shared, names) == ROUTED:
+        with routed(shared, names, counts) as model:
+            return generate(model, input_ids, attention_mask, *args, **kw)
+    outs, start = [], 0  # PEFT's own forward, one member at a time
+    for name, count in zip(names, counts):
+        with shared.use(name) as model:
+            outs.append(generate(model, input_ids[start:start + count], attention_mask[start:start + count], *args,
+                                 **kw))
+        start += count
+    if return_scores:
+        width = max(o[1].shape[1] for o in outs)
+        scores = [torch.nn.functional.pad(o[1], (0, 0, 0, width - o[1].shape[1])) for o in outs]
+        return torch.cat([o[0] for o in outs]), torch.cat(scores)
+    return torch.cat(outs)
+
+
+def rollout_masks(members: Sequence, seqs: torch.Tensor, prompt_len: int, sampling: SamplingConfig,
+                  eos_token_id) -> torch.Tensor:
+    """The action mask of sampled rows: up to the first eos id or stop string."""
+    stops = None
+    if sampling.stop_strings:
+        stops = stop_string_ends(seqs, prompt_len, members[0].tokenizer, sampling.stop_strings)
+    return action_mask_for(seqs, prompt_len, eos_token_id, stops)
 
 
 def generate_population(agents: Sequence, prompts: Sequence[dict], training: bool = True,
@@ -63,7 +101,8 @@ def generate_population(agents: Sequence, prompts: Sequence[dict], training: boo
                                     pad_id, eos_id)
         for i, member in enumerate(members):
             s = seqs[i * rows:(i + 1) * rows]
-            out[member.index] = Rollout(s, sequence_attention_mask(s, mask), action_mask_for(s, ids.shape[1], eos_id),
+            out[member.index] = Rollout(s, sequence_attention_mask(s, mask),
+                                        rollout_masks(members, s, ids.shape[1], sampling, eos_id),
                                         ids.shape[1], sampling.num_return_sequences)
     return out
 

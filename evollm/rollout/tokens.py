@@ -43,18 +43,27 @@ def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
-def action_mask_for(sequences: torch.Tensor, prompt_len: int, eos_token_id: int | None) -> torch.Tensor:
+def action_mask_for(sequences: torch.Tensor, prompt_len: int, eos_token_id: int | Sequence[int] | None,
+                    stop_ends: torch.Tensor | None = None) -> torch.Tensor:
     """``[N, L-1]`` mask over log-prob positions: 1 where position ``t+1`` is a generated token,
-    up to and including the first eos; 0 on the prompt and on padding after eos."""
+    up to and including the first eos (ANY id of ``eos_token_id``, an id or a list) or the last
+    token of the first stop string (``stop_ends[i]``: its index within row ``i``'s completion, -1
+    for none); 0 on the prompt and on padding after the end."""
     n, length = sequences.shape
     generated = torch.zeros((n, length), dtype=torch.bool, device=sequences.device)
     generated[:, prompt_len:] = True
-    if eos_token_id is not None:
-        completion = sequences[:, prompt_len:]
-        is_eos = completion == eos_token_id
-        # tokens strictly after the first eos are padding
-        after_eos = (is_eos.long().cumsum(-1) - is_eos.long()) > 0
-        generated[:, prompt_len:] &= ~after_eos
+    ids = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id or [])
+    completion = sequences[:, prompt_len:]
+    is_end = torch.zeros_like(completion, dtype=torch.bool)
+    if ids:
+        is_end |= torch.isin(completion, torch.tensor(ids, dtype=completion.dtype, device=completion.device))
+    if stop_ends is not None:
+        stop_ends = stop_ends.to(completion.device)
+        rows = torch.nonzero(stop_ends >= 0).flatten()
+        is_end[rows, stop_ends[rows]] = True
+    # tokens strictly after the first end are padding
+    after_end = (is_end.long().cumsum(-1) - is_end.long()) > 0
+    generated[:, prompt_len:] &= ~after_end
     return generated[:, 1:].long()
 
 

@@ -176,19 +176,17 @@ class IPPOTrainer:
 TEAM_TASKS = ("relay_sum",)
 
 
-def team_task_from_config(task_cfg: dict, env_cfg: dict, tokenizer, seed: int, teams) -> TeamTask:
-    """The :class:`TeamTask` of ``task: {name: relay_sum, n_train, n_test, low, high}`` and ``env: {type: team,
-    reward_turns, success_threshold, eval_batch_size}``; replies as long as the teams' ``max_new_tokens``."""
+def team_task_from_config(task_cfg, env_cfg, tokenizer, seed: int, teams) -> TeamTask:
+    """The :class:`TeamTask` of the config's ``task`` (``name: relay_sum``) and ``env`` (``type: team``,
+    ``success_threshold``) sections; replies as long as the teams' ``max_new_tokens``."""
     from ..models.coop_warm_start import relay_task
 
-    task_cfg = dict(task_cfg or {})
-    name = task_cfg.pop("name", "relay_sum")
+    name = getattr(task_cfg, "name", "relay_sum")
     if name not in TEAM_TASKS:
         raise ValueError(f"task.name={name!r} is not a team task; valid: {list(TEAM_TASKS)}")
-    env = {k: v for k, v in (env_cfg or {}).items() if k != "type"}
     team = teams[0].config
-    return relay_task(tokenizer, seed=seed, task=task_cfg, max_new_tokens=team.max_new_tokens,
-                      max_model_len=team.max_model_len, **env)
+    return relay_task(tokenizer, seed=seed, max_new_tokens=team.max_new_tokens, max_model_len=team.max_model_len,
+                      success_threshold=float(getattr(env_cfg, "success_threshold", 1.0)))
 
 
 def run_team_from_config(cfg, teams, tokenizer, train_cfg: dict, evo_steps, selection, mutation, quiet: bool) -> dict:

@@ -137,7 +137,9 @@ def run_multiturn_from_config(cfg, members, tokenizer, train_cfg: dict, evo_step
     """What ``evollm train`` runs for ``env.type: multiturn``: measure the warm start on the fixed evaluation
     episodes, train, and return ``{agents, population, initial_fitness, final_fitness, initial_success,
     final_success}`` (fitness = mean return; success = fraction of episodes won, best member)."""
-    factory, max_turns = env_factory_from_config(cfg.task, cfg.env, tokenizer)
+    task = {"name": cfg.task.name, **cfg.task.game}
+    env = {k: v for k, v in cfg.env.to_dict().items() if v is not None}
+    factory, max_turns = env_factory_from_config(task, env, tokenizer)
     train_cfg = dict(train_cfg)
     eval_n = int(train_cfg.pop("eval_episodes", 64))
     seed = int(cfg.seed)
