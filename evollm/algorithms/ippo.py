@@ -133,6 +133,14 @@ class IPPOAgentConfig(LLMPPOConfig):
     def clip_bounds(self) -> tuple[float, float]:
         return (0.0, math.inf) if self.clip_coef is None else super().clip_bounds()
 
+    def validate(self) -> None:
+        clip = self.clip_coef  # None (no ratio clipping) is valid here; the checks below need a number
+        self.clip_coef = 0.2 if clip is None else clip
+        try:
+            super().validate()
+        finally:
+            self.clip_coef = clip
+
 
 class IPPOAgent(LLMPPO):
     """One agent of a team: LLMPPO with an optional critic adapter, a (possibly MLP) value head and
