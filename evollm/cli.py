@@ -30,11 +30,22 @@ def build_population(cfg, model, tokenizer, hp_config):
     members = []
     for i in range(size):
         agent = cls(model, pad_token_id=tokenizer.pad_token_id, pad_token=tokenizer.pad_token,
-                    eos_token_id=tokenizer.eos_token_id, hp_config=hp_config, lora_config=lora, **hps)
+                    eos_token_id=tokenizer.eos_token_id, tokenizer=tokenizer, hp_config=hp_config, lora_config=lora,
+                    **hps)
         for name, value in (init[i] if init else {}).items():
             agent.set_hyperparameter(name, value)
         members.append(agent)
     return members
+
+
+def run_callbacks(cfg, out: Path) -> list:
+    """The run-directory writer and the live loggers the ``logging:`` section asks for."""
+    from .run.files import RunFilesWriter
+    from .run.logging import logging_callbacks
+
+    log = cfg.logging
+    return [RunFilesWriter(out, plots=log.plots),
+            *logging_callbacks(out, log.tensorboard, log.wandb, log.mlflow, run_config=cfg.to_dict())]
 
 
 def train(config_path: str, overrides: list[str] | None = None, quiet: bool = False) -> dict:
@@ -57,6 +68,7 @@ def train(config_path: str, overrides: list[str] | None = None, quiet: bool = Fa
     evo_steps = cfg.train.evo_steps
     train_cfg = {"max_steps": cfg.train.max_steps, "evaluation_interval": cfg.train.evaluation_interval,
                  "save_elite": cfg.train.save_elite, "elite_path": cfg.train.elite_path}
+    train_cfg["callbacks"] = run_callbacks(cfg, out)
     env_type = cfg.env.type
     print(f"evollm: {len(members)} x {type(members[0]).__name__} on one shared base "
           f"({sum(p.numel() for p in members[0].shared.base_parameters()):,} base parameters), env={env_type}")
@@ -72,7 +84,8 @@ def train(config_path: str, overrides: list[str] | None = None, quiet: bool = Fa
     else:
         raise ValueError(f"env.type={env_type!r} is not valid; choose one of ['reasoning', 'multiturn', 'team']")
     agents, population = result["agents"], result["population"]
-    paths = population.write(out)
+    paths = population.write(out, plots=False)  # the plots are already drawn by the run-files writer
+    paths.update({p.stem + "_plot": p for p in sorted(out.glob("*.png"))})
     best = population.best()
     best.save_checkpoint(out / "best_member")
     result["wall_time_s"] = time.perf_counter() - t0
@@ -86,7 +99,8 @@ def train(config_path: str, overrides: list[str] | None = None, quiet: bool = Fa
     print(report[cols].tail(2 * len(agents)).to_string(index=False))
     print(f"\nwarm start fitness {result['initial_fitness']:.3f} -> best member {best.index} "
           f"fitness {result['final_fitness']:.3f}   ({result['wall_time_s']:.0f} s)")
-    print(f"outputs in {out}/: report.csv, lineage.csv, fitness.png, hyperparameters.png, best_member/")
+    print(f"outputs in {out}/: report.csv, lineage.csv, metrics.csv, *.png, tensorboard/, best_member/ "
+          f"(evollm report {out})")
     return summary
 
 
@@ -104,6 +118,12 @@ def main(argv: list[str] | None = None) -> int:
     p_train.add_argument("--quiet", action="store_true", help="no progress bar")
     p_train.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                          help="show the full traceback of an error")
+    p_report = sub.add_parser("report", help="summarise a run directory and redraw its plots (finished, running or dead)")
+    p_report.add_argument("run_dir")
+    p_report.add_argument("--out", default=None, help="write plots and tables here instead of into RUN_DIR")
+    p_report.add_argument("--no-plots", dest="plots", action="store_false", help="only print the summary")
+    p_report.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                          help="show the full traceback of an error")
     args = parser.parse_args(argv)
     from transformers.utils import logging as hf_logging
 
@@ -111,6 +131,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "train":
             train(args.config, args.overrides, args.quiet)
+        elif args.command == "report":
+            from .run.report import report_run
+            report_run(args.run_dir, args.out, plots=args.plots)
     except USER_ERRORS as e:
         if args.debug:
             raise

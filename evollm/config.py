@@ -13,6 +13,7 @@ Sections (all optional except ``algorithm``)::
     hpo:       {hp_config: {lr: {min: 1.0e-5, max: 1.0e-3, log: true}},
                 mutation: {no_mutation: 0.4, rl_hp: 0.6}, selection: {type: tournament, tournament_size: 2}}
     train:     {max_steps: 60, evaluation_interval: 10, evo_steps: 20, checkpoint_every: 10}
+    logging:   {tensorboard: true, wandb: false, mlflow: false, plots: true}
 
 Every field below is documented in place; ``evollm.config.describe_config()`` prints them all.
 To add a setting, add one ``name: type = option(default, "help", ...)`` line to its section.
@@ -372,6 +373,28 @@ class TrainSection(Section):
 
 
 @dataclass
+class LoggingSection(Section):
+    """Live logging of the run (see :mod:`evollm.run.logging`); the CSV files of the run directory are
+    always kept current."""
+
+    tensorboard: bool = option(True, "Write TensorBoard event files under output_dir/tensorboard (one run per "
+                               "member and one for the population).")
+    wandb: bool | dict[str, Any] = option(False, "Log to Weights & Biases: true, or a dict of wandb.init keywords "
+                                          "(project, entity, name, mode, ...). Needs `pip install wandb`.")
+    mlflow: bool | dict[str, Any] = option(False, "Log to MLflow: true, or a dict with tracking_uri, "
+                                           "experiment_name, run_name. Needs `pip install mlflow`.")
+    plots: bool = option(True, "Redraw the run's PNGs at evaluations (at most ~10% of the run's wall time) and "
+                         "at the end.")
+
+    def finalize(self) -> None:
+        if isinstance(self.mlflow, dict):
+            valid = ["experiment_name", "run_name", "tracking_uri"]
+            for key in self.mlflow:
+                if key not in valid:
+                    raise unknown_key_error(key, "logging.mlflow", valid)
+
+
+@dataclass
 class RunConfig(Section):
     """A whole run: ``evollm train CONFIG.yaml`` reads one from YAML."""
 
@@ -384,6 +407,8 @@ class RunConfig(Section):
     env: EnvSection = option(default_factory=EnvSection, help="The environment.")
     hpo: HPOSection = option(default_factory=HPOSection, help="Evolution settings.")
     train: TrainSection = option(default_factory=TrainSection, help="Loop and checkpoint settings.")
+    logging: LoggingSection = option(default_factory=LoggingSection, help="Live logging (TensorBoard, W&B, "
+                                     "MLflow) and plots.")
 
     @classmethod
     def from_dict(cls, data: Any, where: str = "") -> "RunConfig":

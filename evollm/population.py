@@ -1,13 +1,15 @@
 """The record of an evolving population: who was born from whom, with which mutation,
 which hyperparameters, and every fitness and train-reward measurement.
 
-``report()`` is one row per member per evaluation; ``lineage()`` one row per birth.
+``report()`` is one row per member per evaluation; ``lineage()`` one row per birth;
+``metrics()`` one row per member per training step (learn metrics, timings, throughput, memory).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -50,6 +52,7 @@ class Population:
         self.members: list = []
         self.births: list[Birth] = []
         self.rows: list[dict] = []
+        self.metric_rows: list[dict] = []  # plain JSON-able dicts, one per member per step
         self.generation = 0
         self.algorithm = algorithm
         for agent in agents or []:
@@ -97,6 +100,22 @@ class Population:
                     hyperparameters=_hyperparameters(agent)))
         self.members = list(result.population)
 
+    def record_step(self, step: int, metrics: dict[int, dict]) -> None:
+        """One row per member that learnt at ``step`` (``metrics``: member index -> its learn metrics,
+        timings, tokens and memory as returned by the loop's ``train_step``)."""
+        for index, m in metrics.items():
+            row = {"step": int(step), "generation": self.generation, "member": int(index)}
+            row.update({k: _jsonable(v) for k, v in m.items() if _is_scalar(v) and k not in COST_COLUMNS})
+            row.update({k: _jsonable(m.get(k, math.nan)) for k in COST_COLUMNS})
+            self.metric_rows.append(row)
+
+    def record_evaluation_time(self, step: int, seconds: float) -> None:
+        """The wall time of the evaluation run after ``step`` (all members at once), on that step's rows."""
+        for row in reversed(self.metric_rows):
+            if row["step"] != step:
+                break
+            row["time_eval_s"] = float(seconds)
+
     def _birth(self, index: int) -> Birth:
         for b in reversed(self.births):
             if b.member == index:
@@ -107,7 +126,14 @@ class Population:
     def report(self) -> pd.DataFrame:
         """One row per member per evaluation: step, generation, member, parent, fitness,
         train_reward, and every hyperparameter as ``hp_<name>``."""
-        return pd.DataFrame(self.rows)
+        return typed(pd.DataFrame(self.rows), REPORT_DTYPES)
+
+    def metrics(self) -> pd.DataFrame:
+        """One row per member per training step: step, generation, member, every learn metric the
+        algorithm returns (loss, kl, clip_fraction, entropy, grad_norm, mean_reward, ...; value_loss
+        for PPO), ``time_generate_s``/``time_learn_s``/``time_eval_s``, ``gen_tokens``,
+        ``tokens_per_s`` and ``peak_memory_mb`` (README: "What a run directory holds")."""
+        return typed(pd.DataFrame(self.metric_rows), METRICS_DTYPES)
 
     def lineage(self) -> pd.DataFrame:
         """One row per birth: member, parent, generation, step, mutation (name, kind, old, new) and
@@ -118,7 +144,7 @@ class Population:
             hps = d.pop("hyperparameters")
             d.update({f"hp_{k}": v for k, v in hps.items()})
             rows.append(d)
-        return pd.DataFrame(rows)
+        return typed(pd.DataFrame(rows), LINEAGE_DTYPES)
 
     def to_optuna(self, study_name: str, storage: str | None = None, hp_config=None):
         """Export the run as an Optuna study: one trial per member lineage segment, with its
@@ -139,23 +165,24 @@ class Population:
     def write(self, out_dir: str | Path, plots: bool = True) -> dict[str, Path]:
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
-        paths = {"report": out / "report.csv", "lineage": out / "lineage.csv"}
-        self.report().to_csv(paths["report"], index=False)
-        self.lineage().to_csv(paths["lineage"], index=False)
+        paths = {"report": out / "report.csv", "lineage": out / "lineage.csv", "metrics": out / "metrics.csv"}
+        for key, frame in (("report", self.report()), ("lineage", self.lineage()), ("metrics", self.metrics())):
+            write_csv(frame, paths[key])
         if plots and self.rows:
-            from .plots import plot_population
-            paths.update(plot_population(self.report(), out))
+            from .plots import plot_run
+            paths.update(plot_run(self.report(), self.lineage(), self.metrics(), out))
         return paths
 
     def state_dict(self) -> dict:
         return {"generation": self.generation, "algorithm": self.algorithm,
-                "births": [asdict(b) for b in self.births], "rows": self.rows}
+                "births": [asdict(b) for b in self.births], "rows": self.rows, "metrics": self.metric_rows}
 
     def load_state_dict(self, state: dict) -> None:
         self.generation = state["generation"]
         self.algorithm = state.get("algorithm")
         self.births = [Birth(**b) for b in state["births"]]
         self.rows = list(state["rows"])
+        self.metric_rows = list(state.get("metrics", []))
 
     def save_json(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.state_dict(), indent=1, default=_jsonable))
@@ -168,6 +195,45 @@ class Population:
 
     def __getitem__(self, i):
         return self.members[i]
+
+
+#: Column types of the three tables (columns not named here keep pandas' inference). ``parent`` is a
+#: nullable integer: founders have none.
+REPORT_DTYPES = {"step": "int64", "generation": "int64", "member": "int64", "parent": "Int64",
+                 "fitness": "float64", "train_reward": "float64"}
+LINEAGE_DTYPES = {"member": "int64", "parent": "Int64", "generation": "int64", "step": "int64",
+                  "mutation": "string", "mutation_kind": "string"}
+#: The cost columns that close every metrics row (see :mod:`evollm.run.measure`).
+COST_COLUMNS = ("time_generate_s", "time_learn_s", "time_eval_s", "gen_tokens", "tokens_per_s", "peak_memory_mb")
+METRICS_DTYPES = {"step": "int64", "generation": "int64", "member": "int64", "gen_tokens": "Int64"}
+
+
+def typed(frame: pd.DataFrame, dtypes: dict[str, str]) -> pd.DataFrame:
+    """``frame`` with the given column types (integers stay integers, ``parent`` is ``Int64``) and
+    ``hp_lora_rank`` as a nullable integer; unknown columns are left as they are."""
+    cols = {c: t for c, t in dtypes.items() if c in frame.columns}
+    if "hp_lora_rank" in frame.columns:
+        cols["hp_lora_rank"] = "Int64"
+    for col, dtype in cols.items():
+        if dtype in ("Int64", "int64"):
+            values = pd.to_numeric(frame[col], errors="coerce")
+            frame[col] = values.astype("Int64" if dtype == "Int64" or values.isna().any() else "int64")
+        else:
+            frame[col] = frame[col].astype(dtype)
+    return frame
+
+
+def write_csv(frame: pd.DataFrame, path: str | Path) -> Path:
+    """Write ``frame`` to ``path`` atomically (a reader or a crash never sees half a file)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    frame.to_csv(tmp, index=False)
+    os.replace(tmp, path)
+    return path
+
+
+def _is_scalar(value) -> bool:
+    return isinstance(value, (int, float, bool, str)) or (hasattr(value, "item") and getattr(value, "ndim", 0) == 0)
 
 
 def _jsonable(value):

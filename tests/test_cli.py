@@ -12,7 +12,8 @@ def test_train_demo_config_writes_outputs(tmp_path, cache_dir, capsys):
                "--set", "train.max_steps=4", "--set", "train.evaluation_interval=2", "--set", "train.evo_steps=2",
                "--set", "task.n_test=16"])
     assert rc == 0
-    for name in ("report.csv", "lineage.csv", "fitness.png", "hyperparameters.png", "summary.json",
+    for name in ("report.csv", "lineage.csv", "metrics.csv", "progress.json", "fitness.png", "hyperparameters.png",
+                 "lineage.png", "diagnostics.png", "diagnostics/member_0.png", "tensorboard/population", "summary.json",
                  "best_member/adapter/adapter_model.safetensors"):
         assert (out / name).exists(), name
     summary = json.loads((out / "summary.json").read_text())

@@ -19,6 +19,6 @@ from .tokens import (Rollout, action_mask_for, attention_from_sequences, collate
 
 __all__ = ["Episode", "EnvPool", "Rollout", "SamplingConfig", "action_mask_for", "attention_from_sequences",
            "collate_prompts", "collect_episodes", "eos_ids", "evaluate_population", "forward_logprobs", "generate",
-           "generate_for_members", "generate_population", "loss_forward", "member_logprobs", "model_generate_fn", "play_episodes",
-           "population_generate_fn", "position_ids_from_mask", "sampling_groups", "sequence_attention_mask",
-           "stack_episodes", "stack_rows"]
+           "generate_for_members", "generate_population", "loss_forward", "member_logprobs", "model_generate_fn",
+           "play_episodes", "population_generate_fn", "position_ids_from_mask", "sampling_groups",
+           "sequence_attention_mask", "stack_episodes", "stack_rows"]

@@ -154,17 +154,15 @@ def generate(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, sampl
         kwargs["tokenizer"] = tokenizer
     if return_scores:
         config.output_scores = config.return_dict_in_generate = True
+    rows_ids, rows_mask = ids.repeat_interleave(reps, 0), mask.repeat_interleave(reps, 0)
     with _model_defaults_hidden(model):
         if reps > 1 and share_prefix and ids.shape[1] > 1:
             prefix = model(input_ids=ids[:, :-1], attention_mask=mask[:, :-1],
                            position_ids=position_ids_from_mask(mask[:, :-1]), use_cache=True)
             cache = prefix.past_key_values
             cache.batch_repeat_interleave(reps)
-            out = model.generate(input_ids=ids.repeat_interleave(reps, 0), attention_mask=mask.repeat_interleave(reps, 0),
-                                 past_key_values=cache, **kwargs)
-        else:
-            out = model.generate(input_ids=ids.repeat_interleave(reps, 0), attention_mask=mask.repeat_interleave(reps, 0),
-                                 **kwargs)
+            kwargs["past_key_values"] = cache
+        out = model.generate(input_ids=rows_ids, attention_mask=rows_mask, **kwargs)
     scores = None
     if return_scores:
         scores = torch.stack(out.scores, 1).float().log_softmax(-1)

@@ -8,6 +8,7 @@ Each step: every member collects experience and learns (``train_step``); every
 from __future__ import annotations
 
 import math
+import time
 import warnings
 from pathlib import Path
 from typing import Callable, Sequence
@@ -17,6 +18,7 @@ from tqdm.auto import tqdm
 
 from ..population import Population
 from ..rollout import evaluate_population, generate_population
+from ..run.measure import member_tokens, with_costs
 from .callbacks import Callback, LoopState, call
 
 
@@ -65,6 +67,7 @@ def evolve(pop: Sequence, train_step: Callable[[list, int], dict[int, dict]],
     for step in bar:
         torch.manual_seed(seed + step)
         metrics = train_step(agents, step)
+        record.record_step(step + 1, metrics)
         for agent in agents:
             m = metrics.get(agent.index, {})
             agent.scores.append(m.get("mean_reward", math.nan))
@@ -75,7 +78,9 @@ def evolve(pop: Sequence, train_step: Callable[[list, int], dict[int, dict]],
         state.step, state.agents = done, agents
         call(callbacks, "on_step_end", state, metrics)
         if done % evaluation_interval == 0 or done == max_steps:
+            started = time.perf_counter()
             fitness = evaluate(agents)
+            record.record_evaluation_time(done, time.perf_counter() - started)
             for i, agent in enumerate(agents):
                 if getattr(agent, "quarantined", False):
                     fitness[i] = agent.fitness[-1] = -math.inf
@@ -158,14 +163,19 @@ def finetune_llm_reasoning(pop: Sequence, env, max_steps: int, evaluation_interv
 
     def train_step(agents, step):
         prompts = env.reset()
+        started = time.perf_counter()
         rollouts = generate_population([a for a in agents if not getattr(a, "quarantined", False)], prompts)
+        generated = time.perf_counter()
         active = [a for a in agents if a.index in rollouts]
         experiences = []
         for agent in active:
             completions, masks = rollouts[agent.index].per_prompt()
             experiences.append((completions, masks, env.score(completions, prompts)))
         env.step_to_next_batch()
-        return dict(zip([a.index for a in active], learn_all(active, experiences)))
+        learnt = time.perf_counter()
+        metrics = dict(zip([a.index for a in active], learn_all(active, experiences)))
+        return with_costs(metrics, member_tokens(active, [e[1] for e in experiences]), generated - started,
+                          time.perf_counter() - learnt)
 
     return evolve(pop, train_step, lambda agents: evaluate_population(agents, env), max_steps=max_steps,
                   evaluation_interval=evaluation_interval, evo_steps=evo_steps, tournament=tournament,

@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import math
+import time
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -27,6 +28,7 @@ from tqdm.auto import tqdm
 from ..algorithms.grpo import GRPO
 from ..population import Population
 from ..rollout import Episode, EnvPool, collect_episodes, stack_episodes
+from ..run.measure import member_tokens, with_costs
 from .loop import evolve
 
 #: Evaluation seeds start here, far from the training seeds (``seed * 10**6 + step * episodes_per_step + i``).
@@ -98,8 +100,14 @@ def finetune_llm_multiturn(pop: Sequence, max_turns: int, env_factory: Callable[
         seeds = [seed * 10**6 + step * episodes_per_step + i for i in range(episodes_per_step)]
         groups = [max(1, int(getattr(a.config, "group_size", 1))) for a in active]
         envs = pool.get(len(seeds) * sum(groups))
+        started = time.perf_counter()
         episodes = collect_episodes(active, envs, seeds, training=True, max_turns=max_turns)
-        return {a.index: a.learn(episodes_to_experiences(a, episodes[a.index], max_turns)) for a in active}
+        generated = time.perf_counter()
+        experiences = [episodes_to_experiences(a, episodes[a.index], max_turns) for a in active]
+        learnt = time.perf_counter()
+        metrics = {a.index: a.learn(e) for a, e in zip(active, experiences)}
+        return with_costs(metrics, member_tokens(active, [e[1] for e in experiences]), generated - started,
+                          time.perf_counter() - learnt)
 
     def evaluate(agents):
         fitness, episodes = evaluate_episodes(agents, pool, eval_seeds, max_turns)
