@@ -34,11 +34,11 @@ class TeamReport(Callback):
 
     def __init__(self):
         self.success: dict[int, float] = {}
-        self._metrics: dict[int, list[list[dict]]] = {}
+        self._metrics: dict[int, list[dict]] = {}
 
     def on_step_end(self, state, metrics) -> None:
         for index, m in metrics.items():
-            self._metrics.setdefault(index, []).append(m.get("agents", []))
+            self._metrics.setdefault(index, []).append(m)
 
     def on_evaluation(self, state, fitness) -> None:
         rows = state.record.rows[-len(state.agents):]
@@ -48,18 +48,20 @@ class TeamReport(Callback):
             steps = self._metrics.get(team.index, [])
             for i in range(team.num_agents):
                 for name in AGENT_METRICS:
-                    values = [s[i][name] for s in steps if i < len(s) and math.isfinite(s[i].get(name, math.nan))]
-                    row[f"agent{i}.{name}"] = sum(values) / len(values) if values else math.nan
+                    key = f"agent{i}.{name}"
+                    values = [s[key] for s in steps if math.isfinite(s.get(key, math.nan))]
+                    row[key] = sum(values) / len(values) if values else math.nan
         self._metrics.clear()
 
 
 def team_metrics(team: IPPOTeam, episodes, agent_metrics: Sequence[dict]) -> dict:
-    """One team's step metrics: joint ``mean_reward`` and ``success`` of its training episodes, the sum
-    of its agents' losses (``loss``; non-finite quarantines the team) and each agent's own metrics."""
+    """One team's step metrics: the joint ``mean_reward`` of its training episodes, the sum of its agents'
+    losses (``loss``; non-finite quarantines the team) and each agent's own metrics as ``agent<i>.<name>``."""
     returns = [e.episode_return for e in episodes]
-    return {"mean_reward": sum(returns) / len(returns),
-            "loss": sum(m["loss"] for m in agent_metrics),
-            "agents": list(agent_metrics)}
+    out = {"mean_reward": sum(returns) / len(returns), "loss": sum(m["loss"] for m in agent_metrics)}
+    for i, m in enumerate(agent_metrics):
+        out.update({f"agent{i}.{k}": v for k, v in m.items()})
+    return out
 
 
 def finetune_ippo(teams: Sequence[IPPOTeam], task: TeamTask, max_steps: int, evaluation_interval: int = 10,
