@@ -270,3 +270,20 @@ def test_config_errors_are_one_line():
         team = make_team()
         task = make_task(reward=lambda *c, **k: [1.0])
         play_teams([team], task, task.next_rows(2))
+
+
+def test_comlrl_style_trainer_runs_and_saves(tmp_path):
+    from evollm.training import IPPOTrainer
+
+    torch.manual_seed(0)
+    train, test = relay_sum_dataset(n_train=8, n_test=4, seed=0)
+    args = IPPOConfig(num_agents=2, num_turns=2, max_new_tokens=3, rollout_buffer_size=4, mini_batch_size=4,
+                      ppo_epochs=1, eval_interval=1, output_dir=str(tmp_path / "run"))
+    trainer = IPPOTrainer(model=build_tiny_model(TOK, seed=0), tokenizer=TOK, reward_func=relay_sum_reward,
+                          formatters=relay_formatters(), args=args, train_dataset=train, eval_dataset=test,
+                          lora_config=default_lora_config(r=4), reward_processor=lambda r: 2 * r)
+    assert set(trainer.evaluate()) == {"eval_joint_reward", "eval_success"}
+    teams, population = trainer.train(max_steps=2, verbose=False)
+    assert len(population.report()) == 2 and teams[0].steps == 2
+    path = trainer.save_model()
+    assert (path / "team.json").exists() and (path / "agent_1" / "adapter" / "adapter_model.safetensors").exists()
