@@ -248,3 +248,22 @@ def test_smollm2_routed_equals_own_and_loss_equals_sampled():
                     p.add_(0.02 * torch.randn(p.shape, generator=gen))
     batch = [{"input_ids": torch.tensor([1, 9690, 198, 28, 2])}, {"input_ids": torch.tensor([1, 4093, 28])}]
     check_population(members, batch, atol=1e-4)
+
+
+@pytest.mark.parametrize("cfg, disable", [(lora(use_dora=True), True), (lora(lora_dropout=0.0), False)])
+def test_member_by_member_fallback_gives_every_member_its_gradient(cfg, disable):
+    """The fallback (DoRA, or dropout on) runs members one after another, then ONE backward: each
+    member's adapter gets exactly the gradient of its own forward."""
+    members = members_for(tiny_base(), [cfg, cfg])
+    shared, names = members[0].shared, [m.adapter_name("actor") for m in members]
+    r = members[0].rollout(prompts(2))
+    n = r.sequences.shape[0]
+    seqs, attn = r.sequences.repeat(2, 1), r.attention_mask.repeat(2, 1)
+    member_logprobs(shared, names, seqs, attn, n, True, disable_dropout=disable).sum().backward()
+    joint = [[p.grad.clone() for p in shared.parameters(nm)] for nm in names]
+    for nm, grads in zip(names, joint):
+        for p in shared.parameters(nm):
+            p.grad = None
+        member_logprobs(shared, [nm], r.sequences, r.attention_mask, n, True, disable_dropout=disable).sum().backward()
+        assert all(torch.allclose(g, p.grad, atol=1e-6) for g, p in zip(grads, shared.parameters(nm)))
+        assert any(g.abs().sum() > 0 for g in grads)

@@ -49,26 +49,42 @@ def forward_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tenso
 
 
 @contextlib.contextmanager
-def loss_forward(shared, name: str, grad: bool = True, disable_dropout: bool = True):
+def _checkpointing(model, keep: bool, suppress: bool = False):
+    """``keep``: in eval mode, flag the gradient-checkpointing layers (themselves, not their children)
+    as training, so checkpointing still runs while every dropout stays off. ``suppress``: no
+    checkpointing (a checkpointed segment is recomputed during backward, after the context that
+    selected the member's adapter has been left)."""
+    layers = []
+    if (keep or suppress) and getattr(model, "is_gradient_checkpointing", False):
+        layers = [m for m in model.modules() if getattr(m, "gradient_checkpointing", False) is True]
+    saved = [(m, m.training) for m in layers]
+    for m in layers:
+        if suppress:
+            m.gradient_checkpointing = False
+        else:
+            m.training = True
+    try:
+        yield
+    finally:
+        for m, training in saved:
+            m.gradient_checkpointing, m.training = True, training
+
+
+@contextlib.contextmanager
+def loss_forward(shared, name: str, grad: bool = True, disable_dropout: bool = True,
+                 suppress_checkpointing: bool = False):
     """Run the shared model as member ``name`` for a forward that feeds a loss.
 
     With ``disable_dropout`` (the default everywhere) the model runs in eval mode, so LoRA dropout
     and the base model's own dropout (attention, hidden, embedding) are off and the loss scores
     exactly the policy that sampled; gradients flow all the same. Layers that use gradient
     checkpointing are flagged as training on their own (not their children), so checkpointing
-    still runs. Without ``disable_dropout`` a gradient forward runs in train mode (dropout on)."""
-    with shared.use(name, train=grad and not disable_dropout) as model:
-        flagged = []
-        if grad and disable_dropout and getattr(model, "is_gradient_checkpointing", False):
-            flagged = [m for m in model.modules() if getattr(m, "gradient_checkpointing", False) is True
-                       and not m.training]
-            for m in flagged:
-                m.training = True
-        try:
-            yield model
-        finally:
-            for m in flagged:
-                m.training = False
+    still runs (unless ``suppress_checkpointing``: needed when the backward runs after another
+    member's adapter was selected). Without ``disable_dropout`` a gradient forward runs in train mode
+    (dropout on)."""
+    with shared.use(name, train=grad and not disable_dropout) as model, \
+            _checkpointing(model, keep=grad and disable_dropout, suppress=suppress_checkpointing):
+        yield model
 
 
 def member_logprobs(shared, names: Sequence[str], seqs: torch.Tensor, attn: torch.Tensor, rows_each: int,
@@ -85,10 +101,17 @@ def member_logprobs(shared, names: Sequence[str], seqs: torch.Tensor, attn: torc
         with torch.set_grad_enabled(grad), shared.reference() as model:
             return forward_logprobs(model, seqs, attn, temperature, chunk_rows, logits_budget_mb=logits_budget_mb)
     if len(names) > 1 and (batch_path(shared, names) != ROUTED or (grad and not disable_dropout)):
-        return torch.cat([member_logprobs(shared, [n], seqs[i * rows_each:(i + 1) * rows_each],
-                                          attn[i * rows_each:(i + 1) * rows_each], rows_each, grad, False, temperature,
-                                          chunk_rows, logits_budget_mb, disable_dropout)
-                          for i, n in enumerate(names)])
+        out = []  # one member at a time through PEFT's own forward (no checkpointing: one backward later)
+        for i, name in enumerate(names):
+            rows = slice(i * rows_each, (i + 1) * rows_each)
+            with torch.set_grad_enabled(grad), loss_forward(shared, name, grad, disable_dropout, True) as model:
+                out.append(forward_logprobs(model, seqs[rows], attn[rows], temperature, chunk_rows,
+                                            logits_budget_mb=logits_budget_mb))
+        if grad:  # selecting the next member froze the previous one's tensors in PEFT; the backward needs them
+            for name in names:
+                for p in shared.parameters(name):
+                    p.requires_grad_(True)
+        return torch.cat(out)
     if len(names) == 1:
         ctx = loss_forward(shared, names[0], grad, disable_dropout)
         chunk = chunk_rows
@@ -96,6 +119,6 @@ def member_logprobs(shared, names: Sequence[str], seqs: torch.Tensor, attn: torc
         ctx = routed(shared, list(names), [rows_each] * len(names), differentiable=grad)
         chunk = seqs.shape[0]
     with torch.set_grad_enabled(grad), ctx as model:
-        if len(names) > 1 and grad:
-            model.eval()  # dropout off (routing never applies LoRA dropout); gradients still flow
+        if len(names) > 1 and grad:  # eval: dropout off (routing never applies LoRA dropout), and no
+            model.eval()  # checkpointing (the backward runs after the routing hooks are gone)
         return forward_logprobs(model, seqs, attn, temperature, chunk, logits_budget_mb=logits_budget_mb)
