@@ -20,9 +20,10 @@ from typing import Sequence
 import torch
 
 from .. import functional as F
-from ..adapters.routing import routed
+from ..adapters.routing import ROUTED, batch_path, routed
 from .multiturn_rollout import EpisodeBatch, episode_batch
 from ..rollout import position_ids_from_mask
+from ..rollout.logprobs import loss_forward
 
 METRICS = ("loss", "policy_loss", "value_loss", "entropy", "kl", "clip_fraction", "grad_norm_actor",
            "grad_norm_critic")
@@ -50,17 +51,29 @@ def update_key(agent, rows: int) -> tuple:
 
 def _forward(agents: Sequence, names: Sequence[str] | None, ids, attn, grad: bool, hidden: bool):
     """One forward over the shared base, block ``i`` of the rows through ``names[i]`` (the reference
-    model when ``names`` is None). Returns ``(logits [N, L-1, V], last hidden [N, L-1, H] or None)``."""
+    model when ``names`` is None), dropout off as in every loss forward (the policy contract of
+    :func:`evollm.rollout.logprobs.loss_forward`). Adapters that cannot be routed exactly (e.g. DoRA)
+    run member by member through PEFT's own forward. Returns ``(logits [N, L-1, V], last hidden
+    [N, L-1, H] or None)``."""
     shared = agents[0].shared
+    if names is not None and len(names) > 1 and batch_path(shared, names) != ROUTED:
+        k = ids.shape[0] // len(names)
+        parts = [_forward(agents, [n], ids[i * k:(i + 1) * k], attn[i * k:(i + 1) * k], grad, hidden)
+                 for i, n in enumerate(names)]
+        if grad:  # selecting the next member froze the previous one's tensors in PEFT; the backward needs them
+            for name in names:
+                for p in shared.parameters(name):
+                    p.requires_grad_(True)
+        return (torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]) if hidden else None)
     if names is None:
         ctx = shared.reference()
     elif len(names) == 1:
-        ctx = shared.use(names[0], train=grad)
+        ctx = loss_forward(shared, names[0], grad, suppress_checkpointing=True)
     else:
         ctx = routed(shared, names, [ids.shape[0] // len(names)] * len(names), differentiable=grad)
     with torch.set_grad_enabled(grad), ctx as model:
-        if grad:
-            model.train()
+        if names is not None and len(names) > 1:
+            model.eval()  # dropout off; routing never applies LoRA dropout
         out = model(input_ids=ids, attention_mask=attn, position_ids=position_ids_from_mask(attn), use_cache=False,
                     output_hidden_states=hidden)
     return out.logits[:, :-1], (out.hidden_states[-1][:, :-1] if hidden else None)
