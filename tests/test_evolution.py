@@ -131,12 +131,26 @@ def test_epochs_and_batch_size_reach_update_loop(tiny, batch, name, low, high, s
     assert (step(a), step(b)) == (steps_low, steps_high)
 
 
+def test_group_size_reaches_sampler_and_advantage_groups(tiny, batch):
+    prompts, ids, masks, _ = batch
+    a, b = _pair(tiny, "group_size", 2, 4)
+    assert [g.shape[0] for g in a.get_action(prompts).completion_ids] == [2] * len(prompts)
+    assert [g.shape[0] for g in b.get_action(prompts).completion_ids] == [4] * len(prompts)
+    # the same 4 completions per prompt: as 2 groups of 2 with equal rewards inside each group there is
+    # no advantage (no gradient); as one group of 4 there is
+    rewards = torch.tensor([[1.0, 1.0, 0.0, 0.0]] * len(prompts))
+    assert a.learn((ids, masks, rewards))["grad_norm"] == 0.0
+    assert b.learn((ids, masks, rewards))["grad_norm"] > 0.0
+    with pytest.raises(ValueError, match="group_size must be >= 2"):
+        a.set_hyperparameter("group_size", 1)
+
+
 def test_every_grpo_hyperparameter_is_covered():
     """Each name below has an effect test in this file (lora_rank: tests/test_lora_rank.py)."""
     from evollm.algorithms.grpo import GRPO
 
     covered = {"lr", "beta", "clip_coef", "loss_type", "scale_rewards", "temperature", "top_k", "top_p",
-               "max_grad_norm", "update_epochs", "batch_size", "lora_rank"}
+               "max_grad_norm", "update_epochs", "batch_size", "lora_rank", "group_size"}
     assert set(GRPO.MUTABLE) | {"lora_rank"} == covered
 
 

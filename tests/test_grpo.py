@@ -92,7 +92,7 @@ def test_checkpoint_round_trip(tiny, tmp_path, arithmetic_env):
     a.fitness.append(0.25)
     a.save_checkpoint(tmp_path / "ckpt")
     files = sorted(str(p.relative_to(tmp_path / "ckpt")) for p in (tmp_path / "ckpt").rglob("*") if p.is_file())
-    assert files == ["adapter/adapter_config.json", "adapter/adapter_model.safetensors", "agent.json",
+    assert files == ["adapter/adapter_config.json", "adapter/adapter_model.safetensors", "agent.json", "manifest.json",
                      "optimizer.json", "optimizer.safetensors"]
     seqs = torch.cat(ids)
     expected = a.get_logprobs(seqs)

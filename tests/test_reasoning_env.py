@@ -60,10 +60,11 @@ def test_test_set_is_fixed(tiny, data):
     assert [p["question"] for p in env.test_prompts()] == first == list(data[1]["question"])
 
 
-def test_too_long_prompt_is_rejected(tiny, data):
+def test_too_long_prompt_is_rejected_on_request(tiny, data):
     _, tok = tiny
     with pytest.raises(ValueError, match="max_context_length=5"):
-        ReasoningGym(*data, tok, lambda c, a, q: 0.0, ARITHMETIC_TEMPLATE, max_context_length=5)
+        ReasoningGym(*data, tok, lambda c, a, q: 0.0, ARITHMETIC_TEMPLATE, max_context_length=5,
+                     long_prompts="raise")
 
 
 @pytest.mark.parametrize("bad, match", [(lambda c, a, q: 1 / 0, "ZeroDivisionError"),

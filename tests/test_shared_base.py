@@ -144,7 +144,7 @@ def test_shared_prompt_prefix_matches_plain_generation(tiny, arithmetic_env):
     greedy = dict(max_new_tokens=5, do_sample=False)
     with routed(pop[0].shared, names, [ids.shape[0]] * 2) as m:
         shared_prefix = generate(m, ids.repeat(2, 1), mask.repeat(2, 1), SamplingConfig(num_return_sequences=3, **greedy),
-                                 tok.pad_token_id, tok.eos_token_id)
+                                 tok.pad_token_id, tok.eos_token_id, share_prefix=True)
         plain = generate(m, ids.repeat(2, 1).repeat_interleave(3, 0), mask.repeat(2, 1).repeat_interleave(3, 0),
                          SamplingConfig(num_return_sequences=1, **greedy), tok.pad_token_id, tok.eos_token_id)
     assert torch.equal(shared_prefix, plain)

@@ -23,8 +23,9 @@ def _evaluate(question: str) -> str:
 def test_dataset_shape_and_columns():
     train, test = arithmetic_dataset()
     assert len(train) == 2000 and len(test) == 200
-    assert train.column_names == ["question", "answer"]
+    assert train.column_names == ["question", "answer", "a", "op", "b"]
     assert all(q.endswith("=") for q in test["question"])
+    assert all(f"{r['a']}{r['op']}{r['b']}=" == r["question"] for r in test)
 
 
 def test_dataset_is_deterministic_in_seed():

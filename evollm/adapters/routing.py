@@ -40,6 +40,7 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
+from . import fastlora
 from .shared import SharedBase
 
 
@@ -190,8 +191,10 @@ def routed(shared: SharedBase, names: Sequence[str], counts: Sequence[int], diff
     layers = [m for _, m in shared.lora_layers()]
     disabled = [m._disable_adapters for m in layers]
     for m in layers:  # PEFT computes the base output only; the hooks add the routed updates
-        m._disable_adapters = True
+        m.__dict__["_disable_adapters"] = True
     handles = [m.register_forward_hook(router.hook) for m in router.layers]
+    fastlora.install(layers, shared._fast)  # the base output without PEFT's per-layer calls
+    previous_mode, shared._fast.mode = shared._fast.mode, fastlora.BASE
     was_training = model.training
     if not differentiable and was_training:
         model.eval()
@@ -204,7 +207,8 @@ def routed(shared: SharedBase, names: Sequence[str], counts: Sequence[int], diff
     finally:
         for h in handles:
             h.remove()
+        shared._fast.mode = previous_mode
         for m, flag in zip(layers, disabled):
-            m._disable_adapters = flag
+            m.__dict__["_disable_adapters"] = flag
         if model.training != was_training:
             model.train(was_training)

@@ -22,6 +22,8 @@ from peft import LoraConfig, PeftModel, get_peft_model
 from peft.tuners.lora import LoraLayer
 from peft.utils import get_peft_model_state_dict, set_peft_model_state_dict
 
+from . import fastlora
+
 DEFAULT_TARGET_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 _REGISTRY: "weakref.WeakKeyDictionary[torch.nn.Module, SharedBase]" = weakref.WeakKeyDictionary()
@@ -43,8 +45,11 @@ class SharedBase:
 
     def __init__(self, model: torch.nn.Module, lora_config: LoraConfig, first_adapter: str):
         self._used_ids: set[int] = set()
+        self._released_kept: set[str] = set()  # released adapters PEFT would not delete (the last one)
         self._param_cache: dict[str, list] = {}
         self._layers: list | None = None
+        self._fast = fastlora.FastState()
+        self._fast_support: dict[str, str] = {}
         if isinstance(model, PeftModel):
             self.peft_model = model
             self._inherited = model.active_adapter
@@ -54,6 +59,7 @@ class SharedBase:
             self.peft_model = get_peft_model(model, copy.deepcopy(lora_config), adapter_name=first_adapter)
         for p in self.base_parameters():
             p.requires_grad_(False)
+        self.peft_model.eval()  # sampling and loss forwards run in eval mode: contexts then switch nothing
 
     # ------------------------------------------------------------------ registry
     @staticmethod
@@ -87,6 +93,14 @@ class SharedBase:
             shared.add_adapter(cls.member_adapter(index, role), lora_config)
         return shared, index
 
+    @classmethod
+    def find(cls, model: torch.nn.Module) -> "SharedBase | None":
+        """The shared base already made for ``model`` (or its PEFT wrapper), if any."""
+        shared = _REGISTRY.get(model)
+        if shared is None and isinstance(model, PeftModel):
+            shared = _REGISTRY.get(model.get_base_model())
+        return shared
+
     def reserve_index(self, index: int | None = None) -> int:
         """A member id never used before on this base (or claim ``index``, which must be new)."""
         if index is None:
@@ -118,6 +132,17 @@ class SharedBase:
         return self.peft_model.peft_config[name]
 
     def add_adapter(self, name: str, lora_config: LoraConfig) -> None:
+        if self.has_adapter(name) and name in self._released_kept:
+            # a released member's adapter kept only because PEFT cannot drop its last one: replace it
+            self.peft_model.add_adapter("_evollm_swap", copy.deepcopy(lora_config))
+            self.peft_model.set_adapter("_evollm_swap")
+            self.peft_model.delete_adapter(name)
+            self._released_kept.discard(name)
+            self.peft_model.add_adapter(name, copy.deepcopy(lora_config))
+            self.peft_model.set_adapter(name)
+            self.peft_model.delete_adapter("_evollm_swap")
+            self.invalidate()
+            return
         if self.has_adapter(name):
             raise ValueError(f"adapter {name!r} already exists on this shared base")
         self.peft_model.add_adapter(name, copy.deepcopy(lora_config))
@@ -128,6 +153,7 @@ class SharedBase:
         if not self.has_adapter(name):
             return
         if len(self.adapters()) == 1:
+            self._released_kept.add(name)
             return
         if self.peft_model.active_adapter == name:
             other = next(a for a in self.adapters() if a != name)
@@ -139,6 +165,7 @@ class SharedBase:
         """Forget cached parameter lists (after adding, deleting or resizing an adapter)."""
         self._param_cache.clear()
         self._layers = None
+        self._fast_support.clear()
 
     def parameters(self, name: str) -> list[torch.nn.Parameter]:
         """The trainable tensors of one adapter, in a fixed (name-sorted) order."""
@@ -181,30 +208,68 @@ class SharedBase:
             raise ValueError(f"adapter state for {name!r} has keys this model does not have: {missing[:3]}")
 
     # ------------------------------------------------------------------ contexts
+    @staticmethod
+    def _set_mode(model, train: bool) -> None:
+        """``model.train(train)`` only when the mode changes (each call walks every module)."""
+        if model.training != train:
+            model.train(train)
+
+    def fast_path(self, name: str) -> bool:
+        """Whether member adapter ``name`` runs on the fast LoRA forward (see :mod:`.fastlora`) now."""
+        layers = [m for _, m in self.lora_layers()]
+        if name not in self._fast_support:
+            fastlora.install(layers, self._fast)
+            self._fast_support[name] = fastlora.support(layers, name)
+        verdict = self._fast_support[name]
+        return verdict == "yes" or (verdict == "eval" and not self.peft_model.training)
+
     @contextlib.contextmanager
     def use(self, name: str, train: bool = False):
-        """Run the shared model as member ``name`` (only its adapter active)."""
+        """Run the shared model as member ``name`` (only its adapter active).
+
+        The model's train/eval mode is switched (and restored) only when it differs from ``train``.
+        Plain LoRA adapters run on :mod:`.fastlora`'s forward: switching members is one assignment
+        instead of PEFT's ``set_adapter`` walk; other adapters use PEFT's own forward.
+        """
         model = self.peft_model
         was_training = model.training
-        if model.active_adapter != name:
-            model.set_adapter(name)
-        model.train(train)
+        self._set_mode(model, train)
+        previous = self._fast.mode
+        if self.fast_path(name):
+            for p in self.parameters(name):
+                if not p.requires_grad:
+                    p.requires_grad_(True)
+            self._fast.mode = name
+        else:
+            self._fast.mode = None
+            if model.active_adapter != name:
+                model.set_adapter(name)
         try:
             yield model
         finally:
-            model.train(was_training)
+            self._fast.mode = previous
+            self._set_mode(model, was_training)
 
     @contextlib.contextmanager
     def reference(self):
-        """Run the base model alone: every adapter disabled."""
+        """Run the base model alone: every adapter disabled (LoRA layers flagged off directly, the
+        fast forward set to the base; no walk of the model as with PEFT's ``disable_adapter()``)."""
         model = self.peft_model
         was_training = model.training
-        model.eval()
+        self._set_mode(model, False)
+        layers = [m for _, m in self.lora_layers()]
+        fastlora.install(layers, self._fast)
+        disabled = [m._disable_adapters for m in layers]
+        for m in layers:
+            m.__dict__["_disable_adapters"] = True  # a plain attribute: skip Module.__setattr__'s checks
+        previous, self._fast.mode = self._fast.mode, fastlora.BASE
         try:
-            with model.disable_adapter():
-                yield model
+            yield model
         finally:
-            model.train(was_training)
+            self._fast.mode = previous
+            for m, flag in zip(layers, disabled):
+                m.__dict__["_disable_adapters"] = flag
+            self._set_mode(model, was_training)
 
     def lora_layers(self) -> list[tuple[str, LoraLayer]]:
         if self._layers is None:

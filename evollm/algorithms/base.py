@@ -19,6 +19,7 @@ from peft import LoraConfig
 
 from ..adapters.routing import check_adapter_layers, check_lora_config
 from ..adapters.shared import SharedBase, default_lora_config
+from ..distributed import all_reduce_gradients
 from ..rollout import SamplingConfig, collate_prompts, eos_ids, forward_logprobs
 from ..rollout.sampling import check_extra
 
@@ -51,7 +52,8 @@ class AgentConfig:
     max_output_tokens: int = 32
     max_model_len: int | None = None
     logprob_chunk_rows: int | None = None  # None: as many rows as fit logits_budget_mb
-    logits_budget_mb: float = 256.0
+    logits_budget_mb: float = 256.0  # memory one forward's logits (and a fused learn pass's activations) may take
+    learn_chunk_members: int | None = None  # members per fused learn pass; None: as many as fit logits_budget_mb
     weight_decay: float = 0.0
     seed: int = 42
     stop_strings: tuple[str, ...] = ()
@@ -202,7 +204,7 @@ class LLMAgent:
         return groups
 
     def _build_optimizer(self) -> torch.optim.Optimizer:
-        return torch.optim.AdamW(self._param_groups(), lr=self.config.lr, weight_decay=self.config.weight_decay)
+        return build_adamw(self._param_groups(), lr=self.config.lr, weight_decay=self.config.weight_decay)
 
     def reinit_optimizers(self) -> None:
         """Rebuild the optimizer from scratch (fresh moments) with the current hyperparameters."""
@@ -285,6 +287,10 @@ class LLMAgent:
         """Free this member's adapters and optimizer state (the shared base is untouched)."""
         if self.released:
             return
+        from ..rollout.vllm_engine import engine_of
+        engine = engine_of(self.shared)
+        if engine is not None:  # rollout_backend="vllm": the engine drops the member's LoRA id too
+            engine.release(self.adapter_name("actor"))
         for role in self.ROLES:
             self.shared.delete_adapter(self.adapter_name(role))
         self.optimizer = None
@@ -296,11 +302,11 @@ class LLMAgent:
         from ..checkpoint import save_agent
         save_agent(self, path)
 
-    def load_checkpoint(self, path, merge_lora_configs: bool = False) -> None:
+    def load_checkpoint(self, path, merge_lora_configs: bool = False, verify_manifest: bool = True) -> None:
         """Load a checkpoint into this live member. A LoRA rank that differs from the live one is a
         ``ValueError`` unless ``merge_lora_configs`` (then the larger rank wins, function preserved)."""
         from ..checkpoint import load_agent
-        load_agent(self, path, merge_lora_configs=merge_lora_configs)
+        load_agent(self, path, merge_lora_configs=merge_lora_configs, verify_manifest=verify_manifest)
 
     # ------------------------------------------------------------------ model access
     def sampling_config(self, training: bool = True, group_size: int = 1) -> SamplingConfig:
@@ -328,12 +334,27 @@ class LLMAgent:
         return self.clip_and_step(params)
 
     def clip_and_step(self, params: list[torch.nn.Parameter]) -> float:
-        """Clip the gradients of ``params`` to ``max_grad_norm`` and step. Returns the norm before clipping."""
+        """Clip the gradients of ``params`` to ``max_grad_norm`` and step. Returns the norm before clipping.
+        Under a multi-process launch the gradients are first averaged over processes."""
+        all_reduce_gradients(params)
         max_norm = self.config.max_grad_norm
         norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm else float("inf"))
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)  # a member holds no gradient memory between updates
         return float(norm)
+
+
+def build_adamw(groups: list[dict], **kwargs) -> torch.optim.Optimizer:
+    """AdamW with torch's fused kernel where every parameter supports it (float tensors on CPU or
+    CUDA), else its multi-tensor ``foreach`` one: one kernel over all tensors instead of a Python
+    loop per tensor (the default single-tensor loop cost several times more per step)."""
+    params = [p for g in groups for p in g["params"]]
+    fused = bool(params) and all(p.dtype in (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+                                 and p.device.type in ("cpu", "cuda") for p in params)
+    try:
+        return torch.optim.AdamW(groups, fused=fused, foreach=None if fused else True, **kwargs)
+    except (RuntimeError, ValueError):
+        return torch.optim.AdamW(groups, foreach=True, **kwargs)
 
 
 def _frozen(value):
@@ -353,7 +374,7 @@ def all_eos_ids(model, eos_token_id, tokenizer, pad_token_id: int) -> tuple[int,
 
 def copy_attributes(agent: LLMAgent, clone: LLMAgent) -> LLMAgent:
     """Copy the non-network attributes of ``agent`` onto ``clone`` (ids and adapters excepted)."""
-    skip = {"index", "shared", "optimizer", "config", "released", "value_head"}
+    skip = {"index", "shared", "optimizer", "config", "released", "value_head", "quarantined", "quarantine_reason"}
     for key, value in agent.__dict__.items():
         if key in skip:
             continue

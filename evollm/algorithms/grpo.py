@@ -8,7 +8,7 @@ steps on this member's LoRA adapter. The maths lives in :mod:`evollm.functional`
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import torch
 
@@ -28,9 +28,20 @@ class GRPOConfig(AgentConfig):
     lr: float = 5e-5
     beta: float = 0.0
     clip_coef: float | tuple[float, float] = 0.2
+    #: correction of a sampler/trainer mismatch when the rollouts carry the sampling engine's log-probs
+    #: (``rollout_backend="vllm"``): TRL's ``vllm_importance_sampling_mode`` (token_truncate, token_mask,
+    #: sequence_truncate, sequence_mask) or ``"none"``; see :func:`evollm.functional.sampler_importance_weights`
+    sampler_correction: str = "token_truncate"
+    #: upper bound C of the importance weight (TRL's ``vllm_importance_sampling_cap``); None: no bound
+    sampler_correction_cap: float | None = 2.0
+    #: lower bound of the importance weight; None: no bound
+    sampler_correction_floor: float | None = None
 
     def validate(self) -> None:
         super().validate()
+        if self.sampler_correction not in F.SAMPLER_CORRECTIONS + ("none",):
+            raise ValueError(f"sampler_correction={self.sampler_correction!r} is not valid; choose one of "
+                             f"{list(F.SAMPLER_CORRECTIONS) + ['none']}")
         if self.loss_type not in F.LOSS_TYPES:
             raise ValueError(f"loss_type={self.loss_type!r} is not valid; choose one of {list(F.LOSS_TYPES)}")
         if self.scale_rewards not in F.ADVANTAGE_SCALES:
@@ -47,6 +58,13 @@ class GRPOConfig(AgentConfig):
             raise ValueError(f"clip_coef={self.clip_coef!r} must give bounds lo <= 1 <= hi, got ({lo}, {hi})")
 
 
+class ActionResult(NamedTuple):
+    """What :meth:`GRPO.get_action` returns; unpacks as ``completion_ids, action_masks``."""
+
+    completion_ids: list  # per prompt: [G, L] prompt + completion ids
+    action_masks: list  # per prompt: [G, L-1], 1 on generated tokens
+
+
 class GRPO(LLMAgent):
     """Group Relative Policy Optimization on a LoRA adapter of a shared base model.
 
@@ -55,7 +73,16 @@ class GRPO(LLMAgent):
     """
 
     config_cls = GRPOConfig
-    MUTABLE = LLMAgent.MUTABLE + ("loss_type", "scale_rewards")
+    USES_SAMPLER_LOGP = True  # learn() takes the sampling engine's log-probs as a 4th experience element
+    MUTABLE = LLMAgent.MUTABLE + ("loss_type", "scale_rewards", "group_size")
+
+    def set_hyperparameter(self, name: str, value) -> None:
+        if name == "group_size":  # read at the next rollout (sampler) and learn (advantage groups)
+            if int(value) < 2:
+                raise ValueError(f"group_size must be >= 2 to evolve (advantages are relative to the group), "
+                                 f"got {value}")
+            value = int(value)
+        super().set_hyperparameter(name, value)
 
     # ------------------------------------------------------------------ population constructor
     @classmethod
@@ -76,14 +103,14 @@ class GRPO(LLMAgent):
         return members
 
     # ------------------------------------------------------------------ acting
-    def get_action(self, prompts: Sequence[dict], training: bool = True):
+    def get_action(self, prompts: Sequence[dict], training: bool = True) -> ActionResult:
         """Sample ``group_size`` completions per prompt (one greedy completion when not training).
 
-        Returns ``(completion_ids, action_masks)``: lists with one tensor per prompt, of shapes
-        ``[G, L]`` (prompt + completion) and ``[G, L-1]``.
+        Returns an :class:`ActionResult` ``(completion_ids, action_masks)``: lists with one tensor
+        per prompt, of shapes ``[G, L]`` (prompt + completion) and ``[G, L-1]``.
         """
         rollout = self.rollout(prompts, training)
-        return rollout.per_prompt()
+        return ActionResult(*rollout.per_prompt())
 
     def rollout(self, prompts: Sequence[dict], training: bool = True) -> Rollout:
         """This member's samples of ``prompts`` (``group_size`` per prompt when training, else one greedy)."""
@@ -91,7 +118,9 @@ class GRPO(LLMAgent):
 
     # ------------------------------------------------------------------ learning
     def learn(self, experiences) -> dict[str, float]:
-        """One GRPO update from ``(completion_ids, action_masks, rewards)``.
+        """One GRPO update from ``(completion_ids, action_masks, rewards)``, or
+        ``(completion_ids, action_masks, rewards, sampler_logp)`` when a sampling engine (vLLM) produced
+        the completions: its log-probs ``[P*G, L-1]`` then drive the ``sampler_correction``.
 
         ``completion_ids``/``action_masks``: per-prompt lists as returned by :meth:`get_action` (or
         stacked ``[P*G, L]`` / ``[P*G, L-1]`` tensors); ``rewards``: ``[P, G]``.
@@ -108,7 +137,8 @@ class GRPO(LLMAgent):
         for i, agent in enumerate(agents):
             c = agent.config
             groups.setdefault((id(agent.shared), c.update_epochs, c.batch_size, c.temperature, c.logprob_chunk_rows,
-                               agent.pad_token_id, c.disable_dropout), []).append(i)
+                               c.logits_budget_mb, c.learn_chunk_members, agent.pad_token_id, c.disable_dropout),
+                              []).append(i)
         for members in groups.values():
             out = grpo_update([agents[i] for i in members], [experiences[i] for i in members])
             results.update(zip(members, out))
@@ -147,10 +177,12 @@ class _Prepared:
     rewards: torch.Tensor
     old: torch.Tensor | None = None
     ref: torch.Tensor | None = None
+    sampler: torch.Tensor | None = None  # the sampling engine's log-probs, when they came with the rollout
 
 
 def _prepare(agent: GRPO, experiences) -> _Prepared:
-    completion_ids, action_masks, rewards = experiences
+    completion_ids, action_masks, rewards = experiences[:3]
+    sampler = experiences[3] if len(experiences) > 3 and agent.config.sampler_correction != "none" else None
     seqs = stack_rows(completion_ids, agent.pad_token_id)
     mask = stack_rows(action_masks, 0).to(seqs.device)
     rewards = torch.as_tensor(rewards, dtype=torch.float32).reshape(-1)
@@ -160,7 +192,8 @@ def _prepare(agent: GRPO, experiences) -> _Prepared:
     if rewards.numel() % c.group_size:
         raise ValueError(f"{rewards.numel()} rewards do not split into groups of group_size={c.group_size}")
     return _Prepared(seqs, attention_from_sequences(seqs, agent.pad_token_id), mask,
-                     F.group_advantages(rewards, c.group_size, scale=c.scale_rewards), rewards)
+                     F.group_advantages(rewards, c.group_size, scale=c.scale_rewards), rewards,
+                     sampler=None if sampler is None else stack_rows(sampler, 0).float())
 
 
 def _joint_logprobs(agents, seqs, attn, rows_each: int, grad: bool, reference: bool = False) -> torch.Tensor:
@@ -170,24 +203,59 @@ def _joint_logprobs(agents, seqs, attn, rows_each: int, grad: bool, reference: b
                            reference, c.temperature, c.logprob_chunk_rows, c.logits_budget_mb, c.disable_dropout)
 
 
-def _fits_one_forward(agents, tokens: int) -> bool:
-    """Whether all members' rows (``tokens`` ids in all) can go through one forward pass within
-    the logits memory budget (members are then not chunked apart)."""
+def activation_bytes_per_token(model) -> float:
+    """Estimated bytes a training forward keeps per token for the backward pass (float32): per decoder
+    layer the normed inputs, q/k/v/o, the MLP's gate/up/activation/product (``~8 h + 5 I``), plus the
+    logits and their log-softmax (``3 V``). Used to size fused learn passes; an estimate, not a bound."""
+    cfg = getattr(model, "config", None)
+    vocab = model.get_output_embeddings().weight.shape[0]
+    hidden = getattr(cfg, "hidden_size", 0) or 0
+    inter = getattr(cfg, "intermediate_size", None) or 4 * hidden
+    layers = getattr(cfg, "num_hidden_layers", 0) or 0
+    return 4.0 * (layers * (8 * hidden + 5 * inter) + 3 * vocab)
+
+
+def member_chunks(agents, rows_each: int, width: int) -> list[list[int]]:
+    """Consecutive groups of members whose learn pass (``rows_each`` rows of ``width`` tokens each) fits
+    the activation budget (``logits_budget_mb``, or ``learn_chunk_members`` when set): one fused forward
+    and backward per group, so the fused learn's peak memory does not grow with the population."""
     c = agents[0].config
-    if len(agents) == 1:
-        return True
-    vocab = agents[0].shared.model.get_output_embeddings().weight.shape[0]
-    return c.logprob_chunk_rows is None and 4 * tokens * vocab <= c.logits_budget_mb * 2**20
+    n = len(agents)
+    if n == 1:
+        return [[0]]
+    if agents[0].shared.model.get_base_model().is_gradient_checkpointing:
+        return [[i] for i in range(n)]  # the routing hooks are gone when backward recomputes the forward
+    per_member = rows_each * width * activation_bytes_per_token(agents[0].shared.model)
+    k = c.learn_chunk_members or max(1, int(c.logits_budget_mb * 2**20 // per_member))
+    if c.logprob_chunk_rows is not None and c.logprob_chunk_rows < rows_each * min(k, n):
+        k = max(1, c.logprob_chunk_rows // rows_each)  # an explicit row cap also bounds a fused pass
+    k = min(k, n)
+    chunks = -(-n // k)  # as few passes as the budget allows, members spread evenly over them
+    size = -(-n // chunks)
+    return [list(range(i, min(i + size, n))) for i in range(0, n, size)]
+
+
+def learn_path(n_members: int, n_chunks: int) -> str:
+    """How a (population) learn ran: ``single``, ``fused`` (one pass), ``fused_chunked`` or ``member_by_member``."""
+    if n_members == 1:
+        return "single"
+    return "fused" if n_chunks == 1 else ("member_by_member" if n_chunks == n_members else "fused_chunked")
 
 
 def grpo_update(agents: Sequence[GRPO], experiences: Sequence) -> list[dict[str, float]]:
-    """The GRPO update of one or more members with equal update settings (see ``learn_population``)."""
+    """The GRPO update of one or more members with equal update settings (see ``learn_population``).
+
+    Members are learned in groups sized to the activation budget (:func:`member_chunks`): one routed
+    forward and backward per group and minibatch. Each member's loss reaches only its own adapter, so
+    the result equals learning member by member. The metrics say which path ran (``learn_path``) and
+    in how many passes per minibatch (``learn_chunks``)."""
     batches = [_prepare(a, e) for a, e in zip(agents, experiences)]
-    n_rows = {b.seqs.shape[0] for b in batches}
+    if len({b.seqs.shape[0] for b in batches}) > 1 and len(agents) > 1:  # ragged: member by member
+        out = [grpo_update([a], [e])[0] for a, e in zip(agents, experiences)]
+        for m in out:
+            m.update(learn_path="member_by_member", learn_chunks=float(len(agents)))
+        return out
     width = max(b.seqs.shape[1] for b in batches)
-    if len(n_rows) > 1 or not _fits_one_forward(agents, sum(n_rows) * len(agents) * width):
-        if len(agents) > 1:  # ragged or too large for one forward: member by member
-            return [grpo_update([a], [e])[0] for a, e in zip(agents, experiences)]
     rows_total = batches[0].seqs.shape[0]
     pad = agents[0].pad_token_id
     for b in batches:  # common width (right padding is masked out and never attended to earlier)
@@ -196,17 +264,23 @@ def grpo_update(agents: Sequence[GRPO], experiences: Sequence) -> list[dict[str,
             b.seqs = torch.nn.functional.pad(b.seqs, (0, extra), value=pad)
             b.attn = torch.nn.functional.pad(b.attn, (0, extra), value=1)
             b.mask = torch.nn.functional.pad(b.mask, (0, extra), value=0)
+            if b.sampler is not None:
+                b.sampler = torch.nn.functional.pad(b.sampler, (0, extra), value=0.0)
     c0 = agents[0].config
-    all_seqs, all_attn = torch.cat([b.seqs for b in batches]), torch.cat([b.attn for b in batches])
-    if c0.update_epochs > 1 or c0.batch_size < rows_total:
-        for b, old in zip(batches, _joint_logprobs(agents, all_seqs, all_attn, rows_total, False).split(rows_total)):
-            b.old = old
-    with_ref = [i for i, a in enumerate(agents) if a.config.beta > 0]
-    if with_ref:
-        refs = _joint_logprobs(agents, torch.cat([batches[i].seqs for i in with_ref]),
-                               torch.cat([batches[i].attn for i in with_ref]), rows_total, False, reference=True)
-        for i, ref in zip(with_ref, refs.split(rows_total)):
-            batches[i].ref = ref
+    chunks = member_chunks(agents, min(c0.batch_size, rows_total), width)
+    groups = [([agents[i] for i in ch], [batches[i] for i in ch]) for ch in chunks]
+    for ags, bs in groups:
+        if c0.update_epochs > 1 or c0.batch_size < rows_total:
+            olds = _joint_logprobs(ags, torch.cat([b.seqs for b in bs]), torch.cat([b.attn for b in bs]),
+                                   rows_total, False)
+            for b, old in zip(bs, olds.split(rows_total)):
+                b.old = old
+        with_ref = [b for a, b in zip(ags, bs) if a.config.beta > 0]
+        if with_ref:
+            refs = _joint_logprobs(ags, torch.cat([b.seqs for b in with_ref]),
+                                   torch.cat([b.attn for b in with_ref]), rows_total, False, reference=True)
+            for b, ref in zip(with_ref, refs.split(rows_total)):
+                b.ref = ref
     params = [a.shared.parameters(a.adapter_name("actor")) for a in agents]
     stats = [{"loss": [], "kl": [], "clip_fraction": [], "entropy": [], "grad_norm": []} for _ in agents]
     gens = [torch.Generator().manual_seed(a.config.seed + a.steps) for a in agents]
@@ -214,32 +288,49 @@ def grpo_update(agents: Sequence[GRPO], experiences: Sequence) -> list[dict[str,
         orders = [torch.randperm(rows_total, generator=g) for g in gens]
         for start in range(0, rows_total, c0.batch_size):
             rows = [o[start:start + c0.batch_size] for o in orders]
-            logp = _joint_logprobs(agents, torch.cat([b.seqs[r] for b, r in zip(batches, rows)]),
-                                   torch.cat([b.attn[r] for b, r in zip(batches, rows)]), len(rows[0]), True)
-            total = 0.0
-            for i, (a, b, r, lp) in enumerate(zip(agents, batches, rows, logp.split(len(rows[0])))):
-                c, m = a.config, b.mask[r].to(lp.device)
-                loss, st = F.policy_loss_with_stats(
-                    lp, b.old[r] if b.old is not None else lp.detach(), b.advantages[r].to(lp.device), m,
-                    loss_type=c.loss_type, clip=c.clip_bounds(), ref_logp=b.ref[r] if b.ref is not None else None,
-                    beta=c.beta, max_completion_length=c.max_output_tokens)
-                total = total + loss
-                stats[i]["loss"].append(float(loss.detach()))
-                stats[i]["kl"].append(st["kl"])
-                stats[i]["clip_fraction"].append(st["clip_fraction"])
-                stats[i]["entropy"].append(float(F.masked_mean(-lp.detach(), m)))
             for a in agents:
                 a.optimizer.zero_grad(set_to_none=True)
-            total.backward()  # each member's loss only reaches its own adapter
+            for ch in chunks:
+                _learn_chunk([agents[i] for i in ch], [batches[i] for i in ch], [rows[i] for i in ch],
+                             [stats[i] for i in ch])
             for a, p, st in zip(agents, params, stats):
                 st["grad_norm"].append(a.clip_and_step(p))
     out = []
+    path = learn_path(len(agents), len(chunks))
     for a, b, st in zip(agents, batches, stats):
         a.steps += 1
         grouped = b.rewards.reshape(-1, a.config.group_size)
         metrics = {k: sum(v) / len(v) for k, v in st.items()}
         metrics.update(mean_reward=float(b.rewards.mean()),
                        zero_std_groups=float((grouped.max(1).values == grouped.min(1).values).float().mean()),
-                       completion_length=float(b.mask.sum(1).float().mean()))
+                       completion_length=float(b.mask.sum(1).float().mean()),
+                       learn_path=path, learn_chunks=float(len(chunks)))
         out.append(metrics)
     return out
+
+
+def _learn_chunk(agents, batches, rows, stats) -> None:
+    """One fused forward + backward over a group of members' minibatch rows (gradients accumulate;
+    each member's loss reaches only its own adapter)."""
+    logp = _joint_logprobs(agents, torch.cat([b.seqs[r] for b, r in zip(batches, rows)]),
+                           torch.cat([b.attn[r] for b, r in zip(batches, rows)]), len(rows[0]), True)
+    total = 0.0
+    for a, b, r, lp, st in zip(agents, batches, rows, logp.split(len(rows[0])), stats):
+        c, m = a.config, b.mask[r].to(lp.device)
+        old = b.old[r] if b.old is not None else lp.detach()
+        weights = None
+        if b.sampler is not None:  # the engine sampled: correct its mismatch with the trainer
+            weights, ist = F.sampler_importance_weights(old, b.sampler[r].to(lp.device), m, c.sampler_correction,
+                                                        c.sampler_correction_cap, c.sampler_correction_floor)
+            for k, v in ist.items():
+                st.setdefault(f"sampler_{k}", []).append(v)
+        loss, s = F.policy_loss_with_stats(
+            lp, old, b.advantages[r].to(lp.device), m,
+            loss_type=c.loss_type, clip=c.clip_bounds(), ref_logp=b.ref[r] if b.ref is not None else None,
+            beta=c.beta, max_completion_length=c.max_output_tokens, is_weights=weights)
+        total = total + loss
+        st["loss"].append(float(loss.detach()))
+        st["kl"].append(s["kl"])
+        st["clip_fraction"].append(s["clip_fraction"])
+        st["entropy"].append(float(F.masked_mean(-lp.detach(), m)))
+    total.backward()

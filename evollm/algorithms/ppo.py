@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from .. import functional as F
+from ..distributed import all_reduce_gradients
 from ..rollout import loss_forward, position_ids_from_mask
 from .base import AgentConfig
 from .multiturn_rollout import (EpisodeAgent, EpisodeBatch, episode_batch, last_token_of_turn, pack_actions,
@@ -251,6 +252,7 @@ class LLMPPO(EpisodeAgent):
     def _clip(self, group: str) -> float:
         """Clip one param group's gradient to ``max_grad_norm``; returns the norm before clipping."""
         max_norm = self.config.max_grad_norm
+        all_reduce_gradients(list(self._group_params(group)))  # multi-process: average over processes
         params = [p for p in self._group_params(group) if p.grad is not None]
         if not params:
             return 0.0

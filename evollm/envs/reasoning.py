@@ -8,7 +8,9 @@ identical work.
 
 from __future__ import annotations
 
+import inspect
 import math
+import warnings
 from typing import Callable, Sequence
 
 import numpy as np
@@ -19,42 +21,84 @@ class RewardFunctionError(RuntimeError):
     """A reward function raised, or returned something that is not a finite number."""
 
 
-def _render(tokenizer, template: Sequence[dict], question: str) -> str:
-    messages = [{"role": m["role"], "content": m["content"].format(question=question)} for m in template]
-    if getattr(tokenizer, "chat_template", None):
-        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    return "\n".join(m["content"] for m in messages)
+class _Fields(dict):
+    def __missing__(self, key):
+        raise ValueError(f"conversation_template uses {{{key}}}, which is not a dataset column; "
+                         f"columns: {sorted(self)} (write {{{{ and }}}} for literal braces)")
+
+
+def render_prompt(tokenizer, template: Sequence[dict], fields: dict, chat_template_kwargs: dict | None = None) -> str:
+    """The prompt text of one dataset row: every ``{column}`` in the template's message contents
+    is filled from ``fields`` (``str.format`` rules), then the tokenizer's chat template is applied.
+    A final ``assistant`` message is a prefill that the completion continues
+    (``continue_final_message``); otherwise a generation prompt opens the assistant turn. Without a
+    chat template the message contents are joined by newlines."""
+    fields = _Fields(fields)
+    messages = [{**m, "content": str(m["content"]).format_map(fields)} for m in template]
+    if not getattr(tokenizer, "chat_template", None):
+        return "\n".join(m["content"] for m in messages)
+    prefill = bool(messages) and messages[-1]["role"] == "assistant"
+    kwargs = dict(chat_template_kwargs or {})
+    kwargs.setdefault("add_generation_prompt", not prefill)
+    kwargs.setdefault("continue_final_message", prefill)
+    return tokenizer.apply_chat_template(messages, tokenize=False, **kwargs)
+
+
+def conversation_template(user: str = "{question}", system_prompt: str | None = None,
+                          prefill: str | None = None) -> list[dict]:
+    """A conversation template: an optional system message, the user message and an optional
+    assistant prefill (text the model's answer continues, e.g. ``"The answer is "``)."""
+    template = [{"role": "system", "content": system_prompt}] if system_prompt else []
+    template.append({"role": "user", "content": user})
+    if prefill:
+        template.append({"role": "assistant", "content": prefill})
+    return template
 
 
 class ReasoningGym:
     """Dataset-backed single-turn environment.
 
     Args:
-        train_dataset, test_dataset: datasets (or lists of dicts) with ``question`` and ``answer``.
+        train_dataset, test_dataset: datasets (or lists of dicts) with ``question`` and ``answer``
+            columns; any other column is kept and may be used as a template placeholder.
         tokenizer: any Hugging Face tokenizer.
-        reward_fn: ``reward_fn(completion, answer, question) -> float``.
-        conversation_template: messages whose contents may contain ``{question}``.
+        reward_fn: ``reward_fn(completion, answer, question) -> float``. ``answer`` and ``question``
+            are the dataset's own values (not converted to ``str``); a reward function that takes
+            other columns by name (or ``**kwargs``) receives them too.
+        conversation_template: messages whose contents may contain ``{question}``, ``{answer}`` or
+            any other column; a final ``assistant`` message is continued by the completion (see
+            :func:`conversation_template`).
         data_batch_size_per_gpu: prompts per training batch.
-        max_context_length: prompts with more tokens are rejected at construction.
+        max_context_length: prompts with more tokens are dropped with a warning (or rejected, see
+            ``long_prompts``).
+        long_prompts: ``"filter"`` (default: drop over-long prompts, warn once per split) or
+            ``"raise"``.
+        chat_template_kwargs: extra ``apply_chat_template`` options (e.g. ``{"enable_thinking": False}``).
         seed: shuffling seed of the training stream.
     """
 
-    def __init__(self, train_dataset, test_dataset, tokenizer, reward_fn: Callable[[str, str, str], float],
+    def __init__(self, train_dataset, test_dataset, tokenizer, reward_fn: Callable[..., float],
                  conversation_template: Sequence[dict], data_batch_size_per_gpu: int = 8,
-                 max_context_length: int | None = None, seed: int = 42, eval_batch_size: int = 64):
+                 max_context_length: int | None = None, seed: int = 42, eval_batch_size: int = 64,
+                 long_prompts: str = "filter", chat_template_kwargs: dict | None = None):
         if data_batch_size_per_gpu < 1:
             raise ValueError(f"data_batch_size_per_gpu must be >= 1, got {data_batch_size_per_gpu}")
+        if long_prompts not in ("filter", "raise"):
+            raise ValueError(f"long_prompts={long_prompts!r} is not valid; choose 'filter' or 'raise'")
         self.tokenizer = tokenizer
         self.reward_fn = reward_fn
+        self._reward_extra = _extra_columns_wanted(reward_fn)
         self.template = list(conversation_template)
+        self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self.batch_size = int(data_batch_size_per_gpu)
         self.max_context_length = max_context_length
+        self.long_prompts = long_prompts
         self.eval_batch_size = int(eval_batch_size)
         self.seed = seed
         self.train = self._encode(train_dataset, "train")
         self.test_set = self._encode(test_dataset, "test")
         if len(self.train) < self.batch_size:
-            raise ValueError(f"train_dataset has {len(self.train)} rows, fewer than "
+            raise ValueError(f"train_dataset has {len(self.train)} usable rows, fewer than "
                              f"data_batch_size_per_gpu={self.batch_size}")
         self._rng = np.random.default_rng(seed)
         self._order = self._rng.permutation(len(self.train))
@@ -64,20 +108,33 @@ class ReasoningGym:
 
     # ------------------------------------------------------------------ data
     def _encode(self, dataset, split: str) -> list[dict]:
-        rows = []
+        rows, too_long = [], []
         for i, row in enumerate(dataset):
             if "question" not in row or "answer" not in row:
                 raise ValueError(f"{split} row {i} needs 'question' and 'answer' columns, got {sorted(row)}")
-            text = _render(self.tokenizer, self.template, str(row["question"]))
+            text = render_prompt(self.tokenizer, self.template, dict(row), self.chat_template_kwargs)
             ids = self.tokenizer(text, add_special_tokens=False, return_tensors="pt")["input_ids"]
             if self.max_context_length is not None and ids.shape[1] > self.max_context_length:
-                raise ValueError(f"{split} row {i}: prompt has {ids.shape[1]} tokens, more than "
-                                 f"max_context_length={self.max_context_length}")
-            rows.append({"input_ids": ids, "attention_mask": torch.ones_like(ids), "question": str(row["question"]),
-                         "answer": str(row["answer"]), "text": text})
+                if self.long_prompts == "raise":
+                    raise ValueError(f"{split} row {i}: prompt has {ids.shape[1]} tokens, more than "
+                                     f"max_context_length={self.max_context_length}")
+                too_long.append(ids.shape[1])
+                continue
+            rows.append({"input_ids": ids, "attention_mask": torch.ones_like(ids), "question": row["question"],
+                         "answer": row["answer"], "text": text,
+                         "extra": _extra_fields(row, self._reward_extra)})
+        if too_long:
+            warnings.warn(f"{split}: dropped {len(too_long)} of {len(too_long) + len(rows)} prompts longer than "
+                          f"max_context_length={self.max_context_length} tokens (longest {max(too_long)})",
+                          stacklevel=3)
         if not rows:
-            raise ValueError(f"{split} dataset is empty")
+            raise ValueError(f"{split} dataset is empty" + (" after dropping over-long prompts" if too_long else ""))
         return rows
+
+    def longest_prompt(self) -> int:
+        """Tokens in the longest prompt (train or test): with ``max_output_tokens`` it must fit an
+        agent's ``max_model_len``."""
+        return max(r["input_ids"].shape[1] for r in self.train + self.test_set)
 
     def _next_batch(self) -> list[dict]:
         if self._cursor + self.batch_size > len(self._order):
@@ -123,6 +180,25 @@ class ReasoningGym:
         """The fixed evaluation prompts (identical on every call)."""
         return self.test_set
 
+    # ------------------------------------------------------------------ checkpoints
+    def state_dict(self) -> dict:
+        """Where the training stream is (JSON): shuffling generator, order, position, epoch, current batch.
+        The evaluation prompts are fixed, so they have no state."""
+        current = None
+        if self._current is not None:
+            current = [int(i) for i in self._order[self._cursor - self.batch_size:self._cursor]]
+        return {"rng": self._rng.bit_generator.state, "order": [int(i) for i in self._order],
+                "cursor": self._cursor, "epoch": self.epoch, "current": current, "train_rows": len(self.train)}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue the training stream exactly where :meth:`state_dict` left it."""
+        if state["train_rows"] != len(self.train):
+            raise ValueError(f"env state is for {state['train_rows']} training rows, this env has {len(self.train)}")
+        self._rng.bit_generator.state = state["rng"]
+        self._order = np.asarray(state["order"], dtype=np.int64)
+        self._cursor, self.epoch = int(state["cursor"]), int(state["epoch"])
+        self._current = None if state["current"] is None else [self.train[int(i)] for i in state["current"]]
+
     # ------------------------------------------------------------------ helpers
     def decode(self, completions, prompts: Sequence[dict]) -> list[list[str]]:
         if len(completions) != len(prompts):
@@ -152,7 +228,7 @@ class ReasoningGym:
 
     def _reward(self, completion: str, prompt: dict, i: int) -> float:
         try:
-            r = self.reward_fn(completion, prompt["answer"], prompt["question"])
+            r = self.reward_fn(completion, prompt["answer"], prompt["question"], **prompt.get("extra", {}))
         except Exception as e:  # noqa: BLE001 - re-raised with the sample named
             raise RewardFunctionError(f"reward_fn raised {type(e).__name__}: {e} on sample {i} "
                                       f"(question={prompt['question']!r}, completion={completion!r})") from e
@@ -167,3 +243,22 @@ class ReasoningGym:
 
     def __len__(self) -> int:
         return len(self.train)
+
+
+def _extra_columns_wanted(fn) -> tuple[str, ...] | None:
+    """Extra dataset columns ``fn`` takes as keywords: their names, or ``None`` for all of them
+    (a ``**kwargs`` parameter)."""
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return ()
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return None
+    named = [p.name for p in params[3:] if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    return tuple(n for n in named if n not in ("question", "answer", "completion"))
+
+
+def _extra_fields(row, wanted: tuple[str, ...] | None) -> dict:
+    if wanted is None:
+        return {k: v for k, v in dict(row).items() if k not in ("question", "answer")}
+    return {k: row[k] for k in wanted if k in row}

@@ -12,6 +12,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
+from evollm.hpo.compat import check_agilerl_mutation_options
 from evollm.hpo.parameters import LORA_RANK
 from evollm.hpo.protocol import MutationRecord
 
@@ -29,6 +30,9 @@ class Mutations:
         explore_prob: probability that a mutation resamples the value over its
             whole range instead of perturbing it.
         rand_seed: seed of the generator behind every random decision.
+        **agilerl_options: AgileRL's ``architecture``, ``new_layer_prob``, ``parameters``,
+            ``activation`` (must be 0: networks do not mutate here), ``mutation_sd``, ``device``,
+            ``accelerator`` (no effect); see :mod:`evollm.hpo.compat`.
 
     Probabilities are normalised. For each agent, the mass of a kind that
     cannot apply (``lora_rank`` not in its config, no RL hyperparameter in
@@ -38,7 +42,8 @@ class Mutations:
 
     def __init__(self, no_mutation: float = 0.4, rl_hp: float = 0.6,
                  lora_rank: float = 0.0, explore_prob: float = 0.0,
-                 rand_seed: Optional[int] = None) -> None:
+                 rand_seed: Optional[int] = None, **agilerl_options: Any) -> None:
+        check_agilerl_mutation_options(agilerl_options)
         probs = {"no_mutation": no_mutation, "rl_hp": rl_hp, "lora_rank": lora_rank}
         for name, p in probs.items():
             if not np.isfinite(p) or p < 0:
@@ -125,6 +130,13 @@ class Mutations:
             agent.set_lora_rank(new)
         return MutationRecord(kind="lora_rank", name=LORA_RANK, old=old, new=new,
                               explored=explored)
+
+    def state_dict(self) -> dict:
+        """The generator's state (JSON), so a resumed run draws the same mutations."""
+        return {"rng": self.rng.bit_generator.state}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.rng.bit_generator.state = state["rng"]
 
     def __repr__(self) -> str:
         return (f"Mutations(no_mutation={self.no_mutation:.3g}, rl_hp={self.rl_hp:.3g}, "

@@ -66,6 +66,14 @@ class _Selection:
         self.rng = np.random.default_rng(rand_seed)
         self.next_index = 0 if next_index is None else int(next_index)
 
+    def state_dict(self) -> dict:
+        """The generator's state and the id counter (JSON), so a resumed run selects the same way."""
+        return {"rng": self.rng.bit_generator.state, "next_index": self.next_index}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.rng.bit_generator.state = state["rng"]
+        self.next_index = int(state["next_index"])
+
     def score(self, agent: Any) -> float:
         """Ranking score of ``agent``: last fitness, or mean of the last ``window``."""
         history = list(getattr(agent, "fitness", None) or [])
@@ -96,9 +104,11 @@ class _Selection:
         return sorted(population, key=lambda a: (-scores[int(a.index)], int(a.index)))
 
     def _clone(self, parent: Any, parents: dict[int, int]) -> Any:
-        """Clone ``parent`` with a fresh id and run its hooks."""
-        new_id = self.next_index
-        self.next_index += 1
+        """Clone ``parent`` with a fresh id and run its hooks. The id also comes after every id its
+        shared base has handed out (members cloned by the user in between included)."""
+        base_next = getattr(getattr(parent, "shared", None), "next_index", None)
+        new_id = max(self.next_index, base_next()) if callable(base_next) else self.next_index
+        self.next_index = new_id + 1
         child = parent.clone(index=new_id)
         child.run_mutation_hooks()
         parents[new_id] = int(parent.index)

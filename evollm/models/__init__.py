@@ -1,9 +1,16 @@
-"""Offline tiny model, character-level tokenizer and the partial SFT warm start.
-
-The main entry point is :func:`load_tiny_model`, which returns a
-``(model, tokenizer)`` pair that needs no network access.
+"""Loading the shared base model: any hub id / HF folder / GGUF file (:func:`load_model`), the
+packaged SmolLM2-135M-Instruct (:func:`load_smollm2`), and the offline tiny model with its
+character-level tokenizer and partial SFT warm start (:func:`load_tiny_model`). Each returns a
+``(model, tokenizer)`` pair.
 """
 
+from evollm.models.loading import (
+    load_model,
+    load_smollm2,
+    lora_config,
+    set_threads,
+    smollm2_available,
+)
 from evollm.models.tiny import (
     TINY_DEFAULTS,
     build_tiny_model,
@@ -46,7 +53,12 @@ __all__ = [
     "default_cache_dir",
     "evaluate_accuracy",
     "generate_completions",
+    "load_model",
+    "load_smollm2",
     "load_tiny_model",
+    "lora_config",
+    "set_threads",
+    "smollm2_available",
     "render_prompt",
     "set_generation_ids",
     "sft_warm_start",

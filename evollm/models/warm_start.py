@@ -45,8 +45,6 @@ import hashlib
 import json
 import math
 import os
-import shutil
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -54,6 +52,7 @@ from typing import Any, Callable, Sequence
 import torch
 from transformers import AutoTokenizer, LlamaForCausalLM, PreTrainedTokenizerBase
 
+from evollm.models.loading import default_cache_dir, write_atomically
 from evollm.models.tiny import TINY_DEFAULTS, build_tiny_model, set_generation_ids
 from evollm.models.tokenizer import build_tokenizer, tokenizer_fingerprint
 from evollm.tasks.arithmetic import ARITHMETIC_TEMPLATE, arithmetic_dataset, extra_split
@@ -333,11 +332,6 @@ def build_warm_start(seed: int = 0, sft: dict | None = None):
     return model.eval(), tokenizer
 
 
-def default_cache_dir() -> Path:
-    """``$EVOLLM_CACHE`` if set, else ``~/.cache/evollm``."""
-    return Path(os.environ.get("EVOLLM_CACHE") or Path.home() / ".cache" / "evollm")
-
-
 def recipe_hash(recipe: dict) -> str:
     """Short stable hash of a JSON-serialisable recipe."""
     return hashlib.sha256(json.dumps(recipe, sort_keys=True, default=str).encode()).hexdigest()[:12]
@@ -390,20 +384,12 @@ def load_or_build(target: Path, build, device: str | torch.device = "cpu"):
     """Load ``(model, tokenizer)`` saved at ``target``, building them with ``build()`` first if
     absent. The build is written to a temporary folder and renamed, so a half-written cache entry
     is never used (and two concurrent builds do not clash)."""
-    if not (target / "config.json").exists():
-        target.parent.mkdir(parents=True, exist_ok=True)
+    def write(tmp: Path) -> None:
         model, tokenizer = build()
-        tmp = Path(tempfile.mkdtemp(prefix=".tmp-tiny-", dir=target.parent))
-        try:
-            model.save_pretrained(tmp, safe_serialization=True)
-            tokenizer.save_pretrained(tmp)
-            try:
-                os.rename(tmp, target)
-            except OSError:
-                if not (target / "config.json").exists():  # not a concurrent build: real error
-                    raise
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+
+    write_atomically(target, write)
     tokenizer = AutoTokenizer.from_pretrained(str(target), local_files_only=True)
     tokenizer.padding_side = "left"
     model = LlamaForCausalLM.from_pretrained(str(target), local_files_only=True)

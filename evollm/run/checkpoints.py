@@ -1,0 +1,207 @@
+"""The run directory's checkpoints: ``<dir>/step_N/`` every ``every`` steps, after every selection, on
+SIGINT/SIGTERM and at the end, the newest ``keep`` kept; each one atomic and manifest-verified
+(:mod:`evollm.atomic`) and complete enough to continue the run bit for bit (:mod:`evollm.run.state`).
+
+:class:`RunCheckpointer` is a loop :class:`~evollm.training.callbacks.Callback`; with ``resume=True`` it
+restores the newest valid checkpoint in ``on_train_begin``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+from ..atomic import CheckpointError, clean_temporaries, remove_folder, verify
+from ..checkpoint import check_fingerprint, member_ids, save_population
+from .state import read_run_state, restore_components, restore_rng, since_eval_from, write_run_state
+
+STEP_DIR = re.compile(r"^step_(\d+)$")
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """The run stopped on SIGINT/SIGTERM after saving a checkpoint (``.checkpoint``, ``.step``)."""
+
+    def __init__(self, checkpoint: Path, step: int, signum: int):
+        super().__init__(f"interrupted by {signal.Signals(signum).name} after step {step}; checkpoint {checkpoint}")
+        self.checkpoint, self.step, self.signum = checkpoint, step, signum
+
+
+def list_checkpoints(directory: str | Path) -> list[tuple[int, Path]]:
+    """``(step, folder)`` of every ``step_N`` folder, oldest first (valid or not)."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in directory.iterdir() if p.is_dir() and (m := STEP_DIR.match(p.name))]
+    return sorted(found)
+
+
+def newest_valid(directory: str | Path, log: Callable[[str], None] = print) -> Path:
+    """The newest checkpoint whose manifest verifies; invalid newer ones are reported and skipped."""
+    directory = Path(directory)
+    clean_temporaries(directory)
+    problems = []
+    for _, folder in reversed(list_checkpoints(directory)):
+        try:
+            verify(folder, "population")
+            return folder
+        except CheckpointError as e:
+            problems.append(str(e))
+            log(f"evollm: skipping {folder.name}: {e}")
+    detail = f" ({len(problems)} invalid: {problems[0]})" if problems else ""
+    raise CheckpointError(f"no valid checkpoint in {directory}{detail}")
+
+
+class RunCheckpointer:
+    """Checkpoint a run into ``directory`` and (with ``resume``) continue it from there.
+
+    Args:
+        directory: where ``step_N/`` folders go (``output_dir/checkpoints`` for ``evollm train``).
+        every: steps between periodic checkpoints (0: none; selections, signals and the end still save).
+        keep: newest checkpoints kept (``None``: all).
+        env, mutation, selection: objects whose ``state_dict()`` is saved and restored.
+        seed: the run seed (recorded). config: the run config as plain data (recorded).
+        resume: restore the newest valid checkpoint before the first step.
+        handle_signals: on SIGINT/SIGTERM finish the current step, save, and raise :class:`RunInterrupted`.
+    """
+
+    def __init__(self, directory: str | Path, every: int = 0, keep: int | None = 3, *, env=None, mutation=None,
+                 selection=None, seed: int = 0, config: dict | None = None, resume: bool = False,
+                 handle_signals: bool = True, log: Callable[[str], None] = print):
+        if every < 0 or (keep is not None and keep < 1):
+            raise ValueError(f"checkpoint every={every} must be >= 0 and keep={keep} >= 1 or None")
+        self.directory, self.every, self.keep = Path(directory), int(every), keep
+        self.env, self.mutation, self.selection = env, mutation, selection
+        self.seed, self.config, self.resume = seed, config, resume
+        self.handle_signals, self.log = handle_signals, log
+        self.last_saved: int | None = None
+        self.selected = False
+        self.signum: int | None = None
+        self._previous: dict[int, object] = {}
+        self.timings: list[float] = []
+
+    # ------------------------------------------------------------------ callback events
+    def on_train_begin(self, state) -> None:
+        if self.resume:
+            self.restore(state)
+        self._install_signals()
+
+    def on_step_end(self, state, metrics) -> None:
+        pass
+
+    def on_evaluation(self, state, fitness) -> None:
+        pass
+
+    def on_selection(self, state, result) -> None:
+        self.selected = True
+
+    def on_step_complete(self, state) -> None:
+        due = (self.every and state.step % self.every == 0) or self.selected or state.step == state.max_steps
+        self.selected = False
+        if due or self.signum is not None:
+            path = self.save(state)
+            if self.signum is not None:
+                self._restore_signals()
+                raise RunInterrupted(path, state.step, self.signum)
+
+    def on_train_end(self, state) -> None:
+        if self.last_saved != state.step:
+            self.save(state)
+        self._restore_signals()
+
+    # ------------------------------------------------------------------ save / restore
+    def save(self, state) -> Path:
+        """Checkpoint the run as it is after ``state.step`` completed steps."""
+        t0 = time.perf_counter()
+        folder = self.directory / f"step_{state.step}"
+
+        def run_files(tmp: Path) -> None:
+            write_run_state(tmp, step=state.step, max_steps=state.max_steps, seed=self.seed,
+                            since_eval=state.since_eval, env=self.env, mutation=self.mutation,
+                            selection=self.selection, config=self.config)
+
+        save_population(list(state.agents), state.record, folder, extra_files=run_files)
+        self.last_saved = state.step
+        self._rotate()
+        self.timings.append(time.perf_counter() - t0)
+        return folder
+
+    def _rotate(self) -> None:
+        if self.keep is None:
+            return
+        for _, folder in list_checkpoints(self.directory)[:-self.keep]:
+            remove_folder(folder)
+
+    def restore(self, state) -> Path:
+        """Load the newest valid checkpoint into the live run (members, record, generators, step)."""
+        folder = newest_valid(self.directory, self.log)
+        population = json.loads((folder / "population.json").read_text())
+        run, rng_tensors = read_run_state(folder)
+        agents = list(state.agents)
+        if not agents:
+            raise CheckpointError("cannot resume an empty population")
+        check_fingerprint(population.get("base_fingerprint"), agents[0].shared.model, folder)
+        restored = restore_members(agents, folder, member_ids(population["members"], folder))
+        shared = restored[0].shared
+        shared._used_ids.update(int(i) for i in population.get("used_ids", []))
+        state.record.load_state_dict({k: v for k, v in population.items()
+                                      if k not in ("members", "used_ids", "base_fingerprint")})
+        state.record.members = list(restored)
+        restore_components(run, self.env, self.mutation, self.selection, folder)
+        restore_rng(run["rng"], rng_tensors)
+        state.step, state.agents = run["step"], restored
+        state.since_eval = since_eval_from(run)
+        self.last_saved = run["step"]
+        self.log(f"evollm: resumed from {folder} (step {run['step']})")
+        return folder
+
+    def close(self) -> None:
+        """Give the signal handlers back (called however the run ends)."""
+        self._restore_signals()
+
+    # ------------------------------------------------------------------ signals
+    def _install_signals(self) -> None:
+        if not self.handle_signals or threading.current_thread() is not threading.main_thread():
+            return
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            self._previous[signum] = signal.signal(signum, self._on_signal)
+
+    def _restore_signals(self) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+        self._previous.clear()
+
+    def _on_signal(self, signum, frame) -> None:
+        self.signum = signum
+        self._restore_signals()  # a second signal acts at once (the last complete checkpoint stays)
+        self.log(f"\nevollm: {signal.Signals(signum).name} received: finishing this step, then saving a checkpoint "
+                 "(press Ctrl-C again to stop at once)")
+
+
+def restore_members(live: list, folder: Path, ids: list[int]) -> list:
+    """The checkpoint's members on the live base: a live member with the same id is loaded in place,
+    others are cloned from a live member (keeping its hooks), resized to the saved rank and loaded."""
+    by_index = {a.index: a for a in live}
+    template = live[0]
+    out = []
+    for index in ids:
+        member_dir = folder / f"member_{index}"
+        info = json.loads((member_dir / "agent.json").read_text())
+        agent = by_index.get(index)
+        if agent is None:
+            template.shared._used_ids.discard(index)  # the same member returns; no other member gets its id
+            agent = template.clone(index=index)
+        rank = info.get("lora_rank")
+        if rank is not None and int(rank) != agent.lora_rank:
+            agent.set_lora_rank(int(rank))
+        agent.load_checkpoint(member_dir, verify_manifest=False)
+        out.append(agent)
+    keep = {id(a) for a in out}
+    for agent in live:
+        if id(agent) not in keep:
+            agent.release()
+    return out

@@ -1,0 +1,51 @@
+"""Data-parallel glue for the training loops (see :mod:`evollm.distributed`): sharded evaluation
+whose result is identical on every process, and a per-process sampling seed."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from .. import distributed as dist
+
+
+class ShardedTestSet:
+    """A view of an env whose fixed test prompts are this process's contiguous share (the last
+    process may get fewer when the count does not split evenly)."""
+
+    def __init__(self, env):
+        self.env = env
+        prompts = list(env.test_prompts())
+        n, rank = dist.num_processes(), dist.process_index()
+        size = -(-len(prompts) // n)
+        self._prompts = prompts[rank * size:(rank + 1) * size]
+        self.total = len(prompts)
+        self.eval_batch_size = getattr(env, "eval_batch_size", 64)
+
+    def test_prompts(self):
+        return self._prompts
+
+    def score(self, completions, prompts=None):
+        return self.env.score(completions, prompts)
+
+
+def evaluate_data_parallel(agents: Sequence, env, evaluate_population, record: bool = True) -> list[float]:
+    """Fitness of every member, the test prompts split over processes and the reward sums added up,
+    so every process gets the same numbers (equal to a single-process evaluation)."""
+    if not dist.is_distributed():
+        return evaluate_population(agents, env, record=record)
+    view = ShardedTestSet(env)
+    local = evaluate_population(agents, view, record=False) if view.test_prompts() else [0.0] * len(agents)
+    sums = dist.all_reduce_sum([f * len(view.test_prompts()) for f in local])
+    fitness = (sums / view.total).tolist()
+    if record:
+        for agent, f in zip(agents, fitness):
+            agent.fitness.append(f)
+    return fitness
+
+
+def seed_sampling(seed: int, step: int) -> None:
+    """Different sampling noise on every process (the prompts differ too), reproducible per step."""
+    if dist.is_distributed():
+        torch.manual_seed(seed + step + 1_000_003 * dist.process_index())

@@ -1,0 +1,113 @@
+"""A member can fail; the population goes on.
+
+After every learn step each member's loss and adapter parameters are checked for non-finite values.
+A member that fails is quarantined at once: it no longer samples, learns or counts in selection
+(its fitness is -inf), it is logged with its hyperparameters, and at the next selection it is
+replaced by a clone of a healthy member. Clones never inherit the flag.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Sequence
+
+import torch
+
+
+def is_quarantined(agent) -> bool:
+    return bool(getattr(agent, "quarantined", False))
+
+
+def healthy(agents: Sequence) -> list:
+    return [a for a in agents if not is_quarantined(a)]
+
+
+def trainable_parameters(agent) -> list[torch.Tensor]:
+    """Every tensor a member trains: its adapters and extra modules (a team: those of all its agents)."""
+    if hasattr(agent, "agents"):
+        return [p for member in agent.agents for p in trainable_parameters(member)]
+    params = [p for role in agent.ROLES for p in agent.shared.parameters(agent.adapter_name(role))]
+    return params + [p for group in agent._extra_parameters().values() for p in group]
+
+
+def nonfinite_reason(agent, metrics: dict) -> str | None:
+    """Why ``agent`` must stop (a non-finite loss or adapter/extra parameter), or ``None``."""
+    loss = metrics.get("loss", 0.0)
+    if loss is not None and not math.isfinite(float(loss)):
+        return f"non-finite loss {loss}"
+    params = trainable_parameters(agent)
+    if params:
+        finite = torch.stack([torch.isfinite(p).all() for p in params])
+        if not bool(finite.all()):
+            bad = int((~finite).sum())
+            return f"{bad} adapter tensor(s) with non-finite values after the update"
+    return None
+
+
+def check_members(agents: Sequence, metrics: dict[int, dict], step: int, log: Callable[[str], None]) -> list:
+    """Quarantine every trained member that fails :func:`nonfinite_reason`; returns the newly quarantined."""
+    newly = []
+    for agent in agents:
+        if is_quarantined(agent) or agent.index not in metrics:
+            continue
+        reason = nonfinite_reason(agent, metrics[agent.index])
+        if reason is not None:
+            agent.quarantined = True
+            agent.quarantine_reason = f"step {step}: {reason}"
+            hps = {}
+            for name in getattr(agent, "MUTABLE", ()):
+                try:
+                    hps[name] = agent.get_hyperparameter(name)
+                except (ValueError, AttributeError):
+                    continue
+            log(f"member {agent.index} quarantined at step {step}: {reason}; hyperparameters {hps} "
+                "(no longer trained or evaluated; replaced by a clone of a healthy member at the next selection)")
+            newly.append(agent)
+    return newly
+
+
+def evaluate_healthy(agents: Sequence, evaluate: Callable[[list], list[float]]) -> list[float]:
+    """Fitness in the order of ``agents``: evaluated for healthy members, -inf (also appended to the
+    member's fitness history) for quarantined ones."""
+    ok = healthy(agents)
+    scores = iter(evaluate(ok) if ok else [])
+    fitness = []
+    for agent in agents:
+        if is_quarantined(agent):
+            agent.fitness.append(-math.inf)
+            fitness.append(-math.inf)
+        else:
+            fitness.append(next(scores))
+    return fitness
+
+
+def replace_quarantined(result, old_agents: Sequence, tournament) -> None:
+    """After selection: a quarantined member, or a clone of one, that made it into the new population is
+    replaced (in ``result``) by a clone of the best healthy old member, which is then mutated like any clone."""
+    sick = {a.index for a in old_agents if is_quarantined(a)}
+    if not sick:
+        return
+    donors = [a for a in old_agents if not is_quarantined(a) and a.fitness]
+    if not donors:
+        raise RuntimeError("every member of the population is quarantined (non-finite losses or adapters); "
+                           "lower the learning rates or their hpo.hp_config ranges")
+    donor = max(donors, key=lambda a: (a.fitness[-1], -a.index))
+    for slot, agent in enumerate(list(result.population)):
+        parent = result.parents.get(agent.index)
+        if agent.index not in sick and parent not in sick:
+            continue
+        index = getattr(tournament, "next_index", None)
+        child = donor.clone(index=index)
+        if index is not None:
+            tournament.next_index = index + 1
+        child.run_mutation_hooks()
+        result.population[slot] = child
+        result.parents.pop(agent.index, None)
+        result.parents[child.index] = int(donor.index)
+        result.mutate = [child if m is agent else m for m in result.mutate]
+        if child not in result.mutate:
+            result.mutate.append(child)
+        if agent.index not in sick:  # a fresh clone of a quarantined parent: never used, free it now
+            agent.release()
+        elif agent not in result.dropped:
+            result.dropped.append(agent)

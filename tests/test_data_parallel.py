@@ -1,0 +1,77 @@
+"""Multi-process data parallel (accelerate launch, 2 CPU processes, gloo): the population stays
+identical on every process, and an update equals the 1-process update on the same global batch."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file
+
+from data_parallel_script import fixed_batch
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _members(path):
+    with safe_open(str(path), "pt") as f:
+        return json.loads(f.metadata()["members"]), load_file(str(path))
+
+
+@pytest.fixture(scope="module")
+def two_process_run(tmp_path_factory, cache_dir):
+    if shutil.which("accelerate") is None:
+        pytest.fail("accelerate's launcher is not on PATH")
+    from evollm.models.warm_start import load_tiny_model
+
+    load_tiny_model(warm_start=True, cache_dir=cache_dir)  # build the cache once, before two processes race
+    out = tmp_path_factory.mktemp("dp")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    cmd = ["accelerate", "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision",
+           "no", "--dynamo_backend", "no", "--main_process_port", "29517", str(ROOT / "tests" / "data_parallel_script.py"),
+           str(out), cache_dir]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    return out, proc.stdout
+
+
+def test_population_is_identical_on_every_process(two_process_run):
+    out, stdout = two_process_run
+    (ids0, t0), (ids1, t1) = _members(out / "run-rank0.safetensors"), _members(out / "run-rank1.safetensors")
+    assert ids0 == ids1  # same members, ranks and learning rates after selection and mutation
+    assert t0.keys() == t1.keys()
+    for k in t0:
+        assert torch.equal(t0[k], t1[k]), k
+    assert json.loads((out / "run-rank0.json").read_text()) == json.loads((out / "run-rank1.json").read_text())
+    summary = json.loads((out / "run" / "summary.json").read_text())
+    assert summary["num_processes"] == 2
+    assert stdout.count("warm start:") == 1  # only the main process prints
+
+
+def test_two_process_update_equals_one_process_update_on_the_same_global_batch(two_process_run):
+    from conftest import make_grpo
+    from evollm.models.warm_start import load_tiny_model
+    from evollm.training.loop import learn_all
+
+    out, _ = two_process_run
+    model, tok = load_tiny_model(warm_start=False, seed=0)
+    torch.manual_seed(0)
+    pop = make_grpo(model, tok, n=2, lr=1e-2, batch_size=64)
+    pop[1].set_hyperparameter("lr", 3e-3)
+    seqs, masks, rewards = fixed_batch(tok)
+    exp = (seqs.reshape(-1, seqs.shape[2]), masks.reshape(-1, masks.shape[2]), rewards)
+    before = {a.index: a.shared.state_dict(a.adapter_name()) for a in pop}
+    for _ in range(2):
+        learn_all(pop, [exp, exp])
+    (_, r0), (_, r1) = _members(out / "fixed-rank0.safetensors"), _members(out / "fixed-rank1.safetensors")
+    for a in pop:
+        for k, v in a.shared.state_dict(a.adapter_name()).items():
+            assert torch.equal(r0[f"{a.index}/{k}"], r1[f"{a.index}/{k}"])
+            torch.testing.assert_close(r0[f"{a.index}/{k}"], v, atol=5e-5, rtol=1e-3)  # Adam amplifies float rounding on tiny grads
+        moved = max((a.shared.state_dict(a.adapter_name())[k] - before[a.index][k]).abs().max() for k in before[a.index])
+        assert moved > 1e-4  # the update did something
