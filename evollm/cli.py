@@ -165,8 +165,11 @@ def run(cfg, resume: bool, quiet: bool = False) -> dict:
     elif env_type == "multiturn":
         from .runners import run_multiturn
         result = run_multiturn(cfg, members, tokenizer, train_cfg, evo_steps, selection, mutation, quiet)
+    elif env_type == "team":
+        from .runners import run_team
+        result = run_team(cfg, members, tokenizer, train_cfg, evo_steps, selection, mutation, quiet)
     else:
-        raise ValueError(f"env.type={env_type!r} is not valid; choose one of ['reasoning', 'multiturn']")
+        raise ValueError(f"env.type={env_type!r} is not valid; choose one of ['reasoning', 'multiturn', 'team']")
     agents, population = result["agents"], result["population"]
     result["num_processes"] = dist.num_processes()
     if not main:

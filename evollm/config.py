@@ -39,10 +39,12 @@ ALGORITHMS = {
     "CISPO": "evollm.algorithms.grpo:CISPO",
     "LLMPPO": "evollm.algorithms.ppo:LLMPPO",
     "LLMREINFORCE": "evollm.algorithms.reinforce:LLMREINFORCE",
+    "IPPO": "evollm.algorithms.ippo:IPPOTeam",
 }
-TINY_SOURCES = ("tiny", "tiny_multiturn")
+TINY_SOURCES = ("tiny", "tiny_multiturn", "tiny_coop")
 HF_SOURCES = ("smollm2", "hub")
 SINGLE_TURN_TASKS = ("arithmetic", "dataset")
+TEAM_TASKS = ("relay_sum",)  # cooperative tasks for IPPO teams (env.type: team)
 
 
 def algorithm_class(name: str):
@@ -60,7 +62,7 @@ def multiturn_tasks() -> dict[str, dict]:
 
 
 def task_names() -> list[str]:
-    return [*SINGLE_TURN_TASKS, *multiturn_tasks()]
+    return [*SINGLE_TURN_TASKS, *multiturn_tasks(), *TEAM_TASKS]
 
 
 def _is_multiturn_task(name: str) -> bool:
@@ -117,7 +119,7 @@ class TaskSection(Section):
     """What the population learns: a single-turn dataset task or a multi-turn game."""
 
     name: str = option("arithmetic", "Task name: 'arithmetic' (generated single-turn questions), 'dataset' (your "
-                       "own, see `dataset`) or a multi-turn game ('guess_number', 'chain_calc'). Default: "
+                       "own, see `dataset`), 'relay_sum' (IPPO teams) or a multi-turn game ('guess_number', 'chain_calc'). Default: "
                        "'dataset' when `dataset` is given.", choices=task_names)
     reward: str = option("exact_match", "Reward of a single-turn task: a built-in name ('exact_match', "
                          "'exact_match+format', 'last_number', 'numeric_closeness') or a dotted path "
@@ -208,8 +210,10 @@ class TaskSection(Section):
 class EnvSection(Section):
     """How prompts reach the members and completions are scored."""
 
-    type: str = option("reasoning", "'reasoning' (single-turn question/answer) or 'multiturn' (games).",
-                       choices=("reasoning", "multiturn"))
+    type: str = option("reasoning", "'reasoning' (single-turn question/answer), 'multiturn' (games) or 'team' "
+                       "(cooperative tasks for IPPO teams).", choices=("reasoning", "multiturn", "team"))
+    success_threshold: float = option(1.0, "A team episode whose joint return reaches this is a joint success.",
+                                      when={"type": ("team",)})
     data_batch_size_per_gpu: int = option(8, "Prompts per training step.", when={"type": ("reasoning",)})
     max_context_length: int | None = option(None, "Longest prompt in tokens; longer prompts are dropped with a "
                                             "warning (or an error, see long_prompts).", when={"type": ("reasoning",)})
@@ -506,8 +510,13 @@ class RunConfig(Section):
     def finalize(self) -> None:
         if self.threads is not None and self.threads < 1:
             raise ConfigError(f"threads must be >= 1 or null, got {self.threads}")
+        team = self.task.name in TEAM_TASKS
+        if team != (self.env.type == "team") or team != (self.algorithm.name == "IPPO"):
+            raise ConfigError(f"task.name={self.task.name!r}, env.type={self.env.type!r} and algorithm.name="
+                              f"{self.algorithm.name!r} do not fit: team tasks {list(TEAM_TASKS)} need env.type: team "
+                              "and algorithm.name: IPPO, and IPPO needs a team task")
         multiturn = _is_multiturn_task(self.task.name)
-        if multiturn != (self.env.type == "multiturn"):
+        if multiturn != (self.env.type == "multiturn") and not team:
             want = "multiturn" if multiturn else "reasoning"
             raise ConfigError(f"env.type={self.env.type!r} does not fit task.name={self.task.name!r}; "
                               f"set env.type: {want}")
@@ -519,7 +528,8 @@ class RunConfig(Section):
             raise ConfigError("hpo.hp_config has no effect without train.evo_steps or algorithm.init_sampler; "
                               "set one or remove it")
         cls = algorithm_class(self.algorithm.name)
-        evolvable = [*cls.MUTABLE, "lora_rank"]
+        evolvable = (list(cls.evolvable_names(self.algorithm.agent_config())) if hasattr(cls, "evolvable_names")
+                     else [*cls.MUTABLE, "lora_rank"])
         for name in self.hpo.hp_config:
             if name not in evolvable:
                 raise ConfigError(f"hpo.hp_config.{name}: {self.algorithm.name} cannot evolve it; "
@@ -612,6 +622,9 @@ def describe_config() -> str:
 # --------------------------------------------------------------------------- builders
 def build_model(cfg: ModelSection, seed: int, task_name: str | None = None):
     """``(model, tokenizer)`` from the model section (:func:`evollm.models.loading.load_from_config`)."""
+    if cfg.source == "tiny_coop":
+        from .models.coop_warm_start import load_tiny_coop_model
+        return load_tiny_coop_model(warm_start=cfg.warm_start, cache_dir=cfg.cache_dir, seed=seed)
     from .models.loading import load_from_config
 
     return load_from_config(cfg.load_kwargs(), seed, task_name)

@@ -35,3 +35,10 @@ def run_multiturn(cfg, members, tokenizer, train_cfg: dict, evo_steps, selection
     train_cfg = {**train_cfg, "episodes_per_step": cfg.train.episodes_per_step,
                  "eval_episodes": cfg.train.eval_episodes}
     return run_multiturn_from_config(cfg, members, tokenizer, train_cfg, evo_steps, selection, mutation, quiet)
+
+
+def run_team(cfg, members, tokenizer, train_cfg: dict, evo_steps, selection, mutation, quiet: bool) -> dict:
+    """IPPO teams (``algorithm.name: IPPO``) on a cooperative task (``task.name: relay_sum``)."""
+    from .training.ippo import run_team_from_config
+
+    return run_team_from_config(cfg, members, tokenizer, train_cfg, evo_steps, selection, mutation, quiet)

@@ -22,13 +22,20 @@ def healthy(agents: Sequence) -> list:
     return [a for a in agents if not is_quarantined(a)]
 
 
+def trainable_parameters(agent) -> list[torch.Tensor]:
+    """Every tensor a member trains: its adapters and extra modules (a team: those of all its agents)."""
+    if hasattr(agent, "agents"):
+        return [p for member in agent.agents for p in trainable_parameters(member)]
+    params = [p for role in agent.ROLES for p in agent.shared.parameters(agent.adapter_name(role))]
+    return params + [p for group in agent._extra_parameters().values() for p in group]
+
+
 def nonfinite_reason(agent, metrics: dict) -> str | None:
     """Why ``agent`` must stop (a non-finite loss or adapter/extra parameter), or ``None``."""
     loss = metrics.get("loss", 0.0)
     if loss is not None and not math.isfinite(float(loss)):
         return f"non-finite loss {loss}"
-    params = [p for role in agent.ROLES for p in agent.shared.parameters(agent.adapter_name(role))]
-    params += [p for group in agent._extra_parameters().values() for p in group]
+    params = trainable_parameters(agent)
     if params:
         finite = torch.stack([torch.isfinite(p).all() for p in params])
         if not bool(finite.all()):

@@ -1,0 +1,215 @@
+"""Populations of IPPO teams on the SAME evolution loop as every other algorithm.
+
+:func:`finetune_ippo` supplies :func:`evollm.training.loop.evolve` with a ``train_step`` (every team
+plays the same ``rollout_buffer_size`` training rows -- all agents of all teams in one batched
+generate per round -- then every agent learns, agents with equal schedules in shared passes) and an
+``evaluate`` (fitness = mean joint return of each team on the task's fixed evaluation rows, greedy).
+Tournament selection and mutation act on whole teams.
+
+:class:`IPPOTrainer` is the CoMLRL-style entry point: ``IPPOTrainer(model=..., tokenizer=...,
+reward_func=..., formatters=[...], args=IPPOConfig(...), train_dataset=..., eval_dataset=...).train()``.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Callable, Sequence
+
+from ..algorithms.ippo import IPPOConfig, IPPOTeam
+from ..algorithms.ippo_rollout import evaluate_teams, play_teams
+from ..envs.team import TeamTask
+from ..population import Population
+from .callbacks import Callback
+from .loop import evolve
+
+#: per-agent training metrics copied into the report (averaged since the previous evaluation)
+AGENT_METRICS = ("policy_loss", "value_loss", "entropy", "clip_fraction", "explained_variance")
+
+
+class TeamReport(Callback):
+    """Adds per-team success and per-agent columns to the report rows of each evaluation:
+    ``success``, ``hp_agent<i>.<name>`` for every per-agent hyperparameter and ``agent<i>.<metric>``
+    for the training metrics of :data:`AGENT_METRICS`."""
+
+    def __init__(self):
+        self.success: dict[int, float] = {}
+        self._metrics: dict[int, list[dict]] = {}
+
+    def on_step_end(self, state, metrics) -> None:
+        for index, m in metrics.items():
+            self._metrics.setdefault(index, []).append(m)
+
+    def on_evaluation(self, state, fitness) -> None:
+        rows = state.record.rows[-len(state.agents):]
+        for row, team in zip(rows, state.agents):
+            row["success"] = self.success.get(team.index, math.nan)
+            row.update({f"hp_{k}": v for k, v in team.agent_hyperparameters().items()})
+            steps = self._metrics.get(team.index, [])
+            for i in range(team.num_agents):
+                for name in AGENT_METRICS:
+                    key = f"agent{i}.{name}"
+                    values = [s[key] for s in steps if math.isfinite(s.get(key, math.nan))]
+                    row[key] = sum(values) / len(values) if values else math.nan
+        self._metrics.clear()
+
+
+def team_metrics(team: IPPOTeam, episodes, agent_metrics: Sequence[dict]) -> dict:
+    """One team's step metrics: the joint ``mean_reward`` of its training episodes, the sum of its agents'
+    losses (``loss``; non-finite quarantines the team) and each agent's own metrics as ``agent<i>.<name>``."""
+    returns = [e.episode_return for e in episodes]
+    out = {"mean_reward": sum(returns) / len(returns), "loss": sum(m["loss"] for m in agent_metrics)}
+    for i, m in enumerate(agent_metrics):
+        out.update({f"agent{i}.{k}": v for k, v in m.items()})
+    return out
+
+
+def finetune_ippo(teams: Sequence[IPPOTeam], task: TeamTask, max_steps: int, evaluation_interval: int = 10,
+                  evo_steps: int | None = None, tournament=None, mutation=None, save_elite: bool = False,
+                  elite_path: str | Path | None = None, verbose: bool = True, seed: int = 0,
+                  population: Population | None = None, callbacks: Sequence[Callback] = (),
+                  log: Callable[[str], None] | None = None) -> tuple[list, Population]:
+    """Train a population of teams on ``task``; returns ``(teams, population)`` like the other loops.
+    ``population.report()`` has one row per team per evaluation, with ``success`` and per-agent columns."""
+    sizes = {t.config.rollout_buffer_size for t in teams}
+    if len(sizes) > 1:
+        raise ValueError(f"teams disagree on rollout_buffer_size {sorted(sizes)}; every team plays the same rows")
+    turns = {t.config.num_turns for t in teams} | {task.num_turns}
+    if len(turns) > 1:
+        raise ValueError(f"num_turns differ between the teams and the task: {sorted(turns)}")
+    buffer = sizes.pop()
+    report = TeamReport()
+
+    def train_step(agents, step):
+        active = [t for t in agents if not getattr(t, "quarantined", False)]
+        rollout = play_teams(active, task, task.next_rows(buffer), training=True)
+        results = IPPOTeam.learn_population(active, [rollout.experiences[t.index] for t in active])
+        return {t.index: team_metrics(t, rollout.episodes[t.index], r) for t, r in zip(active, results)}
+
+    def evaluate(agents):
+        fitness, success = evaluate_teams(agents, task)
+        report.success = {t.index: s for t, s in zip(agents, success)}
+        return fitness
+
+    return evolve(teams, train_step, evaluate, max_steps=max_steps, evaluation_interval=evaluation_interval,
+                  evo_steps=evo_steps, tournament=tournament, mutation=mutation, population=population,
+                  save_elite=save_elite, elite_path=elite_path, verbose=verbose, seed=seed,
+                  callbacks=[report, *callbacks], log=log)
+
+
+class IPPOTrainer:
+    """CoMLRL-style trainer for a population of IPPO teams (one team by default) on ONE base model.
+
+    Args:
+        model: a model id / path (loaded ONCE with ``AutoModelForCausalLM.from_pretrained(model,
+            **model_config)``) or a loaded causal LM; every agent of every team is a LoRA adapter on it.
+        tokenizer: its tokenizer (a chat template is used for the conversations).
+        reward_func, reward_processor, formatters: see :class:`~evollm.envs.team.TeamTask`.
+        args: :class:`~evollm.algorithms.ippo.IPPOConfig`.
+        train_dataset, eval_dataset: rows; the evaluation set is the fixed fitness set.
+        model_config: keyword arguments of ``from_pretrained`` when ``model`` is a string.
+        population_size, hp_config, mutation, tournament, evo_steps: evolve a population of teams
+            (``evo_steps=None``: no evolution).
+        lora_config: each agent's LoRA config.
+        metrics_callback: optional ``callback(population_report_dataframe)`` after each evaluation.
+        task_kwargs: further :class:`TeamTask` settings (``reward_turns``, ``success_threshold``, ...).
+    """
+
+    def __init__(self, model, tokenizer, reward_func: Callable, formatters, args: IPPOConfig | None = None,
+                 train_dataset=None, eval_dataset=None, reward_processor: Callable | None = None,
+                 model_config: dict | None = None, population_size: int = 1, hp_config=None, mutation=None,
+                 tournament=None, evo_steps: int | None = None, lora_config=None,
+                 metrics_callback: Callable | None = None, **task_kwargs):
+        if isinstance(model, str):
+            from transformers import AutoModelForCausalLM
+            model = AutoModelForCausalLM.from_pretrained(model, **(model_config or {}))
+        if train_dataset is None:
+            raise ValueError("train_dataset is required")
+        self.args = args if args is not None else IPPOConfig()
+        self.args.validate()
+        self.tokenizer = tokenizer
+        self.task = TeamTask(train_dataset, eval_dataset, tokenizer, reward_func, formatters,
+                             num_turns=self.args.num_turns, reward_processor=reward_processor,
+                             max_new_tokens=self.args.max_new_tokens, max_model_len=self.args.max_model_len,
+                             seed=self.args.seed, **task_kwargs)
+        self.teams = [IPPOTeam(model, tokenizer, config=self.args, hp_config=hp_config, lora_config=lora_config)
+                      for _ in range(population_size)]
+        self.mutation, self.tournament, self.evo_steps = mutation, tournament, evo_steps
+        self.metrics_callback = metrics_callback
+        self.population: Population | None = None
+
+    def evaluate(self) -> dict[str, float]:
+        """Joint reward and success of every team on the evaluation set (nothing recorded)."""
+        fitness, success = evaluate_teams(self.teams, self.task, record=False)
+        return {"eval_joint_reward": max(fitness), "eval_success": max(success)}
+
+    def train(self, max_steps: int | None = None, verbose: bool = True) -> tuple[list, Population]:
+        """Train; ``max_steps`` defaults to ``num_train_epochs`` passes over ``train_dataset``."""
+        a = self.args
+        steps = max_steps or max(1, math.ceil(a.num_train_epochs * len(self.task.train_rows) / a.rollout_buffer_size))
+        interval = min(a.eval_interval, steps)
+        callbacks = []
+        if self.metrics_callback is not None:
+            user = self.metrics_callback
+
+            class _User(Callback):
+                def on_evaluation(self, state, fitness):
+                    user(state.record.report())
+            callbacks.append(_User())
+        evo = self.evo_steps if self.evo_steps is not None and len(self.teams) > 1 else None
+        self.teams, self.population = finetune_ippo(
+            self.teams, self.task, max_steps=steps, evaluation_interval=interval, evo_steps=evo,
+            tournament=self.tournament if evo else None, mutation=self.mutation if evo else None, verbose=verbose,
+            seed=a.seed, callbacks=callbacks)
+        return self.teams, self.population
+
+    def save_model(self, output_dir: str | Path | None = None) -> Path:
+        """Write the report, lineage and the best team's checkpoint under ``output_dir``."""
+        out = Path(output_dir or self.args.output_dir)
+        if self.population is not None:
+            self.population.write(out, plots=False)
+            best = self.population.best()
+        else:
+            best = self.teams[0]
+        return best.save_checkpoint(out / "best_team")
+
+
+# --------------------------------------------------------------------------- from a run config
+TEAM_TASKS = ("relay_sum",)
+
+
+def team_task_from_config(task_cfg, env_cfg, tokenizer, seed: int, teams) -> TeamTask:
+    """The :class:`TeamTask` of the config's ``task`` (``name: relay_sum``) and ``env`` (``type: team``,
+    ``success_threshold``) sections; replies as long as the teams' ``max_new_tokens``."""
+    from ..models.coop_warm_start import relay_task
+
+    name = getattr(task_cfg, "name", "relay_sum")
+    if name not in TEAM_TASKS:
+        raise ValueError(f"task.name={name!r} is not a team task; valid: {list(TEAM_TASKS)}")
+    team = teams[0].config
+    return relay_task(tokenizer, seed=seed, max_new_tokens=team.max_new_tokens, max_model_len=team.max_model_len,
+                      success_threshold=float(getattr(env_cfg, "success_threshold", 1.0)))
+
+
+def run_team_from_config(cfg, teams, tokenizer, train_cfg: dict, evo_steps, selection, mutation, quiet: bool) -> dict:
+    """What ``evollm train`` runs for ``env.type: team``: measure the warm start (one untrained team) on the fixed
+    evaluation rows, train, and return ``{agents, population, initial_fitness, final_fitness, initial_success,
+    final_success}`` (fitness = mean joint reward; success = fraction of episodes every agent got right)."""
+    task = team_task_from_config(cfg.task, cfg.env, tokenizer, int(cfg.seed), teams)
+    fit0, succ0 = evaluate_teams(teams[:1], task, record=False)
+    print(f"warm start: joint reward {fit0[0]:.3f}, joint success {succ0[0]:.3f} on {len(task.eval_rows)} fixed "
+          "greedy episodes")
+    report = {}
+
+    class _Success(Callback):
+        def on_evaluation(self, state, fitness):
+            rows = state.record.rows[-len(state.agents):]
+            report.update({r["member"]: r.get("success", math.nan) for r in rows})
+            if not quiet:
+                print(f"step {state.step:>5}  joint success " + " ".join(f"{report[t.index]:.3f}" for t in state.agents))
+
+    agents, population = finetune_ippo(teams, task, evo_steps=evo_steps, tournament=selection, mutation=mutation,
+                                       verbose=not quiet, seed=int(cfg.seed), callbacks=[_Success()], **train_cfg)
+    best = max(agents, key=lambda t: t.fitness[-1])
+    return {"agents": agents, "population": population, "initial_fitness": fit0[0], "final_fitness": best.fitness[-1],
+            "initial_success": succ0[0], "final_success": report.get(best.index, math.nan)}
