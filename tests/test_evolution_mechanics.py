@@ -87,7 +87,7 @@ RANGES = {
     "ent_coef": RLParameter(0.0, 0.1), "gamma": RLParameter(0.9, 1.0), "gae_lambda": RLParameter(0.8, 1.0),
     "loss_type": RLParameter(choices=list(F.LOSS_TYPES)),
     "scale_rewards": RLParameter(choices=list(F.ADVANTAGE_SCALES)),
-    "lora_rank": RLParameter(2, 12, dtype=int),
+    "lora_rank": RLParameter(2, 12, dtype=int), "group_size": RLParameter(2, 16, dtype=int),
 }
 
 

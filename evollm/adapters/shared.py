@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import warnings
 import weakref
 from typing import Iterator
 
@@ -35,6 +36,15 @@ def default_lora_config(r: int = 8, lora_alpha: int | None = None, **kwargs) -> 
     kwargs.setdefault("lora_dropout", 0.0)
     return LoraConfig(r=r, lora_alpha=lora_alpha if lora_alpha is not None else 2 * r, task_type="CAUSAL_LM", **kwargs)
 
+
+def checkpointing(model) -> bool:
+    """Whether ``model`` recomputes activations in backward (gradient checkpointing)."""
+    flag = getattr(model, "is_activation_checkpointing", None)
+    if flag is None:  # transformers before the rename
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            flag = getattr(model, "is_gradient_checkpointing", False)
+    return bool(flag)
 
 class SharedBase:
     """The single ``PeftModel`` all members of a population share.
@@ -221,7 +231,7 @@ class SharedBase:
             fastlora.install(layers, self._fast)
             self._fast_support[name] = fastlora.support(layers, name)
         verdict = self._fast_support[name]
-        if getattr(self.peft_model.get_base_model(), "is_gradient_checkpointing", False):
+        if checkpointing(self.peft_model.get_base_model()):
             # backward recomputes the forward after use() has returned: the active adapter must persist,
             # as PEFT's set_adapter does, not be restored on exit as the fast forward's member is
             return False

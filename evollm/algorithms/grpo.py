@@ -13,6 +13,7 @@ from typing import NamedTuple, Sequence
 import torch
 
 from .. import functional as F
+from ..adapters.shared import checkpointing
 from .base import AgentConfig, LLMAgent
 from ..rollout import (Rollout, attention_from_sequences, evaluate_population, generate_population, member_logprobs,
                        stack_rows)
@@ -278,7 +279,7 @@ def member_chunks(agents, rows_each: int, width: int) -> list[list[int]]:
     n = len(agents)
     if n == 1:
         return [[0]]
-    if agents[0].shared.model.get_base_model().is_gradient_checkpointing:
+    if checkpointing(agents[0].shared.model.get_base_model()):
         return [[i] for i in range(n)]  # the routing hooks are gone when backward recomputes the forward
     per_member = rows_each * width * activation_bytes_per_token(agents[0].shared.model)
     k = c.learn_chunk_members or max(1, int(c.logits_budget_mb * 2**20 // per_member))

@@ -204,7 +204,7 @@ def _policy_loss(m: _Member, rows: torch.Tensor, sub: EpisodeBatch, logits: torc
         entropy = F.masked_mean(F.entropy_from_logits(logits), sub.action_mask)
     pg_loss, st = F.policy_loss_with_stats(
         logp, m.old_logp[rows] if m.old_logp is not None else logp.detach(), m.token_adv[rows], sub.action_mask,
-        loss_type="bnpo", clip=c.clip_bounds(), ref_logp=m.ref_logp[rows] if m.ref_logp is not None else None,
+        loss_type="dapo", clip=c.clip_bounds(), ref_logp=m.ref_logp[rows] if m.ref_logp is not None else None,
         beta=c.beta)
     loss = pg_loss - c.ent_coef * entropy
     s = m.stats

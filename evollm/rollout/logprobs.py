@@ -9,6 +9,7 @@ from typing import Sequence
 import torch
 
 from ..adapters.routing import ROUTED, batch_path, routed
+from ..adapters.shared import checkpointing
 from ..functional import token_logprobs
 from .tokens import position_ids_from_mask
 
@@ -55,7 +56,7 @@ def _checkpointing(model, keep: bool, suppress: bool = False):
     checkpointing (a checkpointed segment is recomputed during backward, after the context that
     selected the member's adapter has been left)."""
     layers = []
-    if (keep or suppress) and getattr(model, "is_gradient_checkpointing", False):
+    if (keep or suppress) and checkpointing(model):
         layers = [m for m in model.modules() if getattr(m, "gradient_checkpointing", False) is True]
     saved = [(m, m.training) for m in layers]
     for m in layers:
@@ -119,7 +120,7 @@ def member_logprobs(shared, names: Sequence[str], seqs: torch.Tensor, attn: torc
         ctx = routed(shared, list(names), [rows_each] * len(names), differentiable=grad)
         chunk = seqs.shape[0]
     with torch.set_grad_enabled(grad), ctx as model:
-        if len(names) > 1 and grad and (model.training or getattr(model, "is_gradient_checkpointing", False)):
+        if len(names) > 1 and grad and (model.training or checkpointing(model)):
             model.eval()  # dropout off (routing never applies LoRA dropout), and no checkpointing (the backward
             # runs after the routing hooks are gone); each eval() walks every module, so only when needed
         return forward_logprobs(model, seqs, attn, temperature, chunk, logits_budget_mb=logits_budget_mb)
