@@ -80,7 +80,8 @@ def _hp_config():
 
 
 def _setup(seed: int):
-    from evollm.config import RunConfig, build_model, build_task
+    from evollm.config import RunConfig
+    from evollm.builders import build_model, build_task
     from evollm.envs.reasoning import ReasoningGym
 
     cfg = RunConfig.from_yaml(DEMO)

@@ -123,7 +123,7 @@ def run(cfg, resume: bool, quiet: bool = False) -> dict:
     ``output_dir/checkpoints``), and write the report, lineage, plots and the best member."""
     import torch
 
-    from .config import build_hpo, build_model
+    from .builders import build_hpo, build_model
 
     dist.init()
     main = dist.is_main_process()

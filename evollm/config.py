@@ -28,10 +28,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from .schema import (ConfigError, Section, check_no_effect, coerce, did_you_mean, document, option, resolve_paths,
-                     unknown_key_error)
+from .config_hpo import HPOSection
+from .schema import (ConfigError, Section, apply_override, check_no_effect, coerce, did_you_mean, document, option,  # noqa: F401
+                     read_yaml, resolve_paths, unknown_key_error)
 
 ALGORITHMS = {
     "GRPO": "evollm.algorithms.grpo:GRPO",
@@ -316,92 +315,6 @@ def _hints(cls) -> dict[str, Any]:
     return {f.name: hints[f.name] for f in dataclasses.fields(cls) if f.init}
 
 
-def _evolving(value) -> bool:
-    return value is not None
-
-
-@dataclass
-class ParamSection(Section):
-    """Range and mutation rule of one evolvable hyperparameter (see :class:`evollm.hpo.RLParameter`)."""
-
-    min: float | None = option(None, "Smallest value (numeric parameters).")
-    max: float | None = option(None, "Largest value (numeric parameters).")
-    grow_factor: float = option(1.2, "Multiplier of an upward perturbation.")
-    shrink_factor: float = option(0.8, "Multiplier of a downward perturbation.")
-    dtype: str = option("float", "'float', 'int' or 'categorical'.", choices=("float", "int", "categorical"))
-    log: bool = option(False, "Sample log-uniformly (min must be > 0).")
-    choices: list[Any] | None = option(None, "Values of a categorical parameter.")
-
-    def finalize(self) -> None:
-        self.parameter()
-
-    def parameter(self):
-        from .hpo import RLParameter
-        try:
-            return RLParameter(**self.to_dict())
-        except (TypeError, ValueError) as e:
-            raise ConfigError(f"{self.path()}: {e}") from e
-
-
-@dataclass
-class MutationSection(Section):
-    """How clones are mutated (see :class:`evollm.hpo.Mutations`); probabilities are normalised."""
-
-    no_mutation: float = option(0.4, "Relative probability of leaving a clone unchanged.")
-    rl_hp: float = option(0.6, "Relative probability of mutating one hpo.hp_config hyperparameter.")
-    lora_rank: float = option(0.0, "Relative probability of resizing the adapters (needs hp_config.lora_rank).")
-    explore_prob: float = option(0.0, "Probability that a mutation resamples over the whole range.")
-    resample_prob: float | None = option(None, "PBT name of explore_prob (resample from the prior); wins when set.")
-    perturb: str = option("one", "'one': each rl_hp mutation changes one hp_config hyperparameter; 'all': every "
-                          "one (PBT's explore step).", choices=("one", "all"))
-    mutate_elite: bool = option(False, "Also mutate the elite that selection keeps (off: it stays the "
-                                "evaluated member).")
-
-    def build(self, seed: int):
-        from .hpo import Mutations
-        try:
-            return Mutations(**self.to_dict(), rand_seed=seed)
-        except (TypeError, ValueError) as e:
-            raise ConfigError(f"hpo.mutation: {e}") from e
-
-
-@dataclass
-class SelectionSection(Section):
-    """How the next generation is chosen (see :mod:`evollm.hpo.selection`)."""
-
-    type: str = option("tournament", "'tournament' or 'truncation'.", choices=("tournament", "truncation"))
-    tournament_size: int = option(2, "Members per tournament.", when={"type": ("tournament",)})
-    elitism: bool = option(True, "Keep the best member unchanged.", when={"type": ("tournament",)})
-    quantile: float = option(0.25, "Fraction replaced by truncation.", when={"type": ("truncation",)})
-    fitness: str = option("last", "Rank by the 'last' fitness or the 'mean' of the last `window`.",
-                          choices=("last", "mean"))
-    window: int | None = option(None, "Evaluations averaged with fitness: mean (default eval_loop).")
-    eval_loop: int = option(1, "Evaluations per generation.")
-
-    def build(self, population_size: int, seed: int):
-        from .hpo import TournamentSelection, TruncationSelection
-        common = dict(population_size=population_size, fitness=self.fitness, window=self.window,
-                      eval_loop=self.eval_loop, rand_seed=seed)
-        try:
-            if self.type == "tournament":
-                return TournamentSelection(tournament_size=self.tournament_size, elitism=self.elitism, **common)
-            return TruncationSelection(quantile=self.quantile, **common)
-        except (TypeError, ValueError) as e:
-            raise ConfigError(f"hpo.selection: {e}") from e
-
-
-@dataclass
-class HPOSection(Section):
-    """Evolutionary hyperparameter optimisation (used when train.evo_steps is set)."""
-
-    hp_config: dict[str, ParamSection] = option({}, "Evolvable hyperparameters by name (any of the algorithm's "
-                                                "mutable hyperparameters, or lora_rank).")
-    mutation: MutationSection = option(default_factory=MutationSection, help="Mutation settings.",
-                                       when={"train.evo_steps": _evolving})
-    selection: SelectionSection = option(default_factory=SelectionSection, help="Selection settings.",
-                                         when={"train.evo_steps": _evolving})
-
-
 @dataclass
 class TrainSection(Section):
     """The evolution loop and the run directory."""
@@ -568,88 +481,6 @@ class RunConfig(Section):
         return Path(self.output_dir) / "checkpoints"
 
 
-def read_yaml(path: str | Path) -> dict:
-    """The mapping in a YAML file, or a one-line :class:`ConfigError`."""
-    path = Path(path)
-    if not path.exists():
-        raise ConfigError(f"config file {str(path)!r} does not exist")
-    if path.is_dir():
-        raise ConfigError(f"config file {str(path)!r} is a directory, not a YAML file")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise ConfigError(f"{path}: invalid YAML{where}: {problem}") from e
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"{path}: cannot read the config: {e}") from e
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: the config must be a mapping of sections, got {type(data).__name__}")
-    return data
-
-
-def apply_override(data: dict, item: str) -> None:
-    """Apply one ``section.key=value`` override (the value is parsed as YAML) to raw config data."""
-    if not isinstance(item, str) or "=" not in item:
-        raise ConfigError(f"--set {item!r} must look like section.key=value (e.g. train.max_steps=10)")
-    key, text = item.split("=", 1)
-    parts = key.strip().split(".")
-    if not all(parts):
-        raise ConfigError(f"--set {item!r}: {key!r} is not a dotted key like train.max_steps")
-    try:
-        value = yaml.safe_load(text) if text.strip() else None
-    except yaml.YAMLError as e:
-        raise ConfigError(f"--set {item!r}: the value is not valid YAML ({getattr(e, 'problem', e)})") from e
-    node = data
-    for depth, part in enumerate(parts[:-1]):
-        child = node.setdefault(part, {})
-        if child is None:
-            child = node[part] = {}
-        if not isinstance(child, dict):
-            raise ConfigError(f"--set {item!r}: {'.'.join(parts[:depth + 1])} is a value, not a section")
-        node = child
-    node[parts[-1]] = value
-
-
 def describe_config() -> str:
     """Every setting of a run config with its default and help text, one line each."""
     return document(RunConfig)
-
-
-# --------------------------------------------------------------------------- builders
-def build_model(cfg: ModelSection, seed: int, task_name: str | None = None):
-    """``(model, tokenizer)`` from the model section (:func:`evollm.models.loading.load_from_config`)."""
-    if cfg.source == "tiny_coop":
-        from .models.coop_warm_start import load_tiny_coop_model
-        return load_tiny_coop_model(warm_start=cfg.warm_start, cache_dir=cfg.cache_dir, seed=seed)
-    from .models.loading import load_from_config
-
-    return load_from_config(cfg.load_kwargs(), seed, task_name)
-
-
-def build_task(cfg: TaskSection, seed: int):
-    """``(train, test, reward_fn, template)`` from the task section (:func:`evollm.tasks.user.task_parts`)."""
-    from .tasks.user import task_parts
-
-    if cfg.name not in SINGLE_TURN_TASKS:
-        raise ConfigError(f"task.name={cfg.name!r} is not a single-turn task; valid: {list(SINGLE_TURN_TASKS)}")
-    return task_parts(cfg.name, seed=seed if cfg.seed is None else cfg.seed, reward=cfg.reward, n_train=cfg.n_train,
-                      n_test=cfg.n_test, ops=cfg.ops, digits=cfg.digits, dataset=cfg.dataset,
-                      test_dataset=cfg.test_dataset, test_size=cfg.test_size, columns=cfg.columns,
-                      system_prompt=cfg.system_prompt, user_template=cfg.user_template, prefill=cfg.prefill,
-                      template=cfg.template)
-
-
-def build_hpo(cfg: RunConfig) -> tuple[Any, Any, Any]:
-    """``(hp_config, mutation, selection)``; mutation and selection are ``None`` without train.evo_steps."""
-    from .hpo import HyperparameterConfig
-
-    params = {name: spec.parameter() for name, spec in cfg.hpo.hp_config.items()}
-    hp_config = HyperparameterConfig(**params) if params else None
-    if cfg.train.evo_steps is None:
-        return hp_config, None, None
-    return (hp_config, cfg.hpo.mutation.build(cfg.seed),
-            cfg.hpo.selection.build(cfg.algorithm.population_size, cfg.seed))

@@ -9,7 +9,7 @@ from .training.data_parallel import evaluate_data_parallel
 
 
 def run_reasoning(cfg, members, tokenizer, train_cfg: dict, evo_steps, selection, mutation, quiet: bool) -> dict:
-    from .config import build_task
+    from .builders import build_task
     from .envs.reasoning import ReasoningGym
     from .training.loop import finetune_llm_reasoning
 

@@ -32,6 +32,8 @@ from dataclasses import MISSING, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+import yaml
+
 
 class ConfigError(ValueError):
     """A bad setting; the message is one line naming the field and what is valid."""
@@ -350,3 +352,49 @@ def resolve_paths(root: Section, output_dir: str | Path) -> None:
         value = getattr(section, f.name)
         if f.metadata.get("path") and isinstance(value, str) and value and not Path(value).is_absolute():
             setattr(section, f.name, str(Path(output_dir) / value))
+
+
+def read_yaml(path: str | Path) -> dict:
+    """The mapping in a YAML file, or a one-line :class:`ConfigError`."""
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError(f"config file {str(path)!r} does not exist")
+    if path.is_dir():
+        raise ConfigError(f"config file {str(path)!r} is a directory, not a YAML file")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError(f"{path}: invalid YAML{where}: {problem}") from e
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: cannot read the config: {e}") from e
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the config must be a mapping of sections, got {type(data).__name__}")
+    return data
+
+
+def apply_override(data: dict, item: str) -> None:
+    """Apply one ``section.key=value`` override (the value is parsed as YAML) to raw config data."""
+    if not isinstance(item, str) or "=" not in item:
+        raise ConfigError(f"--set {item!r} must look like section.key=value (e.g. train.max_steps=10)")
+    key, text = item.split("=", 1)
+    parts = key.strip().split(".")
+    if not all(parts):
+        raise ConfigError(f"--set {item!r}: {key!r} is not a dotted key like train.max_steps")
+    try:
+        value = yaml.safe_load(text) if text.strip() else None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"--set {item!r}: the value is not valid YAML ({getattr(e, 'problem', e)})") from e
+    node = data
+    for depth, part in enumerate(parts[:-1]):
+        child = node.setdefault(part, {})
+        if child is None:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            raise ConfigError(f"--set {item!r}: {'.'.join(parts[:depth + 1])} is a value, not a section")
+        node = child
+    node[parts[-1]] = value

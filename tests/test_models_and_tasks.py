@@ -184,7 +184,8 @@ def test_reward_by_dotted_path_or_builtin_name(tmp_path, monkeypatch):
 
 
 def test_config_task_section_builds_a_user_task(tmp_path, monkeypatch):
-    from evollm.config import RunConfig, build_task
+    from evollm.config import RunConfig
+    from evollm.builders import build_task
 
     (tmp_path / "train.jsonl").write_text("\n".join(json.dumps({"q": f"{i}*2", "a": str(2 * i)}) for i in range(12)))
     (tmp_path / "rw.py").write_text("def score(completion, answer, question):\n    return float(answer in completion)\n")
@@ -203,7 +204,8 @@ def test_config_task_section_builds_a_user_task(tmp_path, monkeypatch):
 
 
 def test_config_model_section_takes_loading_options(hf_folder):
-    from evollm.config import RunConfig, build_model
+    from evollm.config import RunConfig
+    from evollm.builders import build_model
 
     cfg = RunConfig.from_dict({"algorithm": {"name": "GRPO"}, "model": {
         "name_or_path": str(hf_folder), "dtype": "bfloat16", "gradient_checkpointing": True}})

@@ -15,6 +15,8 @@ so its charts overlay the members; W&B and MLflow get one run with keys ``member
 
 from __future__ import annotations
 
+import abc
+
 import math
 from pathlib import Path
 from typing import Any
@@ -104,11 +106,12 @@ class TensorBoardLogger(Callback):
         self.writers.clear()
 
 
-class _TrackerLogger(Callback):
+class _TrackerLogger(Callback, abc.ABC):
     """One tracker run for the whole population; keys ``member_<id>/<tag>`` and ``population/...``."""
 
+    @abc.abstractmethod
     def log(self, scalars: dict[str, float], step: int) -> None:
-        raise NotImplementedError
+        """Send ``scalars`` at ``step`` to the tracker."""
 
     def on_step_end(self, state: LoopState, metrics: dict[int, dict]) -> None:
         self.log({f"member_{i}/{k}": v for i, m in metrics.items() for k, v in step_scalars(m).items()}, state.step)

@@ -1,0 +1,60 @@
+"""Masked reductions over valid cells (see the shape conventions in :mod:`evollm.functional`)."""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+
+# --------------------------------------------------------------------------- #
+# Masked reductions
+# --------------------------------------------------------------------------- #
+def _valid(mask: Tensor) -> Tensor:
+    return mask if mask.dtype == torch.bool else mask != 0
+
+
+def masked_sum(x: Tensor, mask: Tensor, dim: Optional[int] = None) -> Tensor:
+    """Sum of ``x`` over valid cells (all cells if ``dim`` is None, else along ``dim``).
+
+    Invalid cells are excluded with ``torch.where``, so ``NaN``/``inf`` there
+    do not leak into the result or its gradient.
+    """
+    x = torch.where(_valid(mask), x, torch.zeros((), dtype=x.dtype, device=x.device))
+    return x.sum() if dim is None else x.sum(dim)
+
+
+def masked_mean(x: Tensor, mask: Tensor, dim: Optional[int] = None) -> Tensor:
+    """Mean of ``x`` over valid cells (whole tensor, or along ``dim``).
+
+    The count is clamped to at least 1, so a reduction over zero valid cells
+    returns 0 rather than NaN.
+    """
+    count = _valid(mask).to(x.dtype)
+    count = count.sum() if dim is None else count.sum(dim)
+    return masked_sum(x, mask, dim) / count.clamp(min=1)
+
+
+def _masked_std(x: Tensor, mask: Tensor) -> Tuple[Tensor, Tensor]:
+    """(mean, unbiased std) over all valid cells; std is 0 with fewer than 2 cells."""
+    valid = _valid(mask)
+    n = valid.sum().to(x.dtype)
+    mean = masked_sum(x, valid) / n.clamp(min=1)
+    sq = masked_sum((x - mean) ** 2, valid)
+    var = torch.where(n > 1, sq / (n - 1).clamp(min=1), torch.zeros_like(sq))
+    return mean, var.sqrt()
+
+
+def masked_whiten(x: Tensor, mask: Tensor, eps: float = 1e-8, shift_mean: bool = True) -> Tensor:
+    """Standardise ``x`` using mean/std computed over valid cells only.
+
+    Returns ``(x - mean) / (std + eps)`` (std unbiased, 0 when fewer than two
+    valid cells); with ``shift_mean=False`` the mean is added back, i.e. only
+    the scale is normalised.  Invalid cells are 0.  Same shape as ``x``.
+    """
+    valid = _valid(mask)
+    mean, std = _masked_std(x, valid)
+    out = (x - mean) / (std + eps)
+    if not shift_mean:
+        out = out + mean
+    return torch.where(valid, out, torch.zeros_like(out))
