@@ -94,8 +94,8 @@ def test_invalid_settings_fail_before_the_model_is_built(tmp_path, monkeypatch, 
         raise AssertionError("the model was built")
 
     monkeypatch.setattr(cli, "build_model", no_model, raising=False)
-    import evollm.config as config
-    monkeypatch.setattr(config, "build_model", no_model)
+    import evollm.builders as builders
+    monkeypatch.setattr(builders, "build_model", no_model)
     rc = cli.main(["train", "configs/demo.yaml", "--set", f"output_dir={tmp_path / 'o'}",
                    "--set", "algorithm.hyperparameters.clip_coef=2"])
     assert rc == 2
