@@ -19,6 +19,7 @@ from peft import LoraConfig
 
 from ..adapters.routing import check_adapter_layers, check_lora_config
 from ..adapters.shared import SharedBase, default_lora_config
+from .. import zero
 from ..distributed import all_reduce_gradients
 from ..rollout import SamplingConfig, collate_prompts, eos_ids, forward_logprobs
 from ..rollout.sampling import check_extra
@@ -180,6 +181,9 @@ class LLMAgent:
                  index: int | None = None, lora_config: LoraConfig | None = None,
                  device: str | torch.device | None = None, **hyperparameters):
         self.config = build_config(self.config_cls, config, hyperparameters)
+        if zero.stage() is not None and tuple(self.ROLES) != ("actor",):
+            raise ValueError(f"{type(self).__name__} does not support DeepSpeed ZeRO (only single-adapter members with "
+                             "evollm's AdamW do: GRPO family, REINFORCE); launch it without a DeepSpeed config")
         check_extra(self.config.generation_overrides)
         if self.config.stop_strings and tokenizer is None:
             raise ValueError("stop_strings need the tokenizer: pass tokenizer= to the member")
@@ -201,6 +205,9 @@ class LLMAgent:
             raise
         self._init_extra_modules()
         self.optimizer = self._build_optimizer()
+        if zero.active() and not zero.is_zero(self.optimizer):
+            raise ValueError(f"{type(self).__name__} does not support DeepSpeed ZeRO (only single-adapter members with "
+                             "evollm's AdamW do: GRPO family, REINFORCE); launch it without a DeepSpeed config")
         self.hp_config = hp_config
         if hp_config is not None and hasattr(hp_config, "validate_for"):
             hp_config.validate_for(self)
@@ -253,7 +260,9 @@ class LLMAgent:
         return groups
 
     def _build_optimizer(self) -> torch.optim.Optimizer:
-        return build_adamw(self._param_groups(), lr=self.config.lr, weight_decay=self.config.weight_decay)
+        # under a DeepSpeed ZeRO launch the AdamW goes into the member's own engine (evollm.zero)
+        return zero.wrap(build_adamw(self._param_groups(), lr=self.config.lr, weight_decay=self.config.weight_decay),
+                         self.config.max_grad_norm, self.__dict__.get("optimizer"))
 
     def reinit_optimizers(self) -> None:
         """Rebuild the optimizer from scratch (fresh moments) with the current hyperparameters."""
@@ -298,6 +307,8 @@ class LLMAgent:
         time (beta, clip_coef, sampling settings, epochs, batch size) need nothing here."""
         if name == "lr":
             self._set_group_lr("actor", value)
+        if name == "max_grad_norm" and zero.is_zero(self.optimizer):
+            self.optimizer.max_grad_norm = value
 
     def _set_group_lr(self, group_name: str, lr: float) -> None:
         for group in self.optimizer.param_groups:
@@ -350,6 +361,8 @@ class LLMAgent:
         engine = engine_of(self.shared)
         if engine is not None:  # rollout_backend="vllm": the engine drops the member's LoRA id too
             engine.release(self.adapter_name("actor"))
+        if zero.is_zero(self.optimizer):
+            self.optimizer.close()
         for role in self.ROLES:
             self.shared.delete_adapter(self.adapter_name(role))
         self.optimizer = None
@@ -389,12 +402,18 @@ class LLMAgent:
     def optimizer_step(self, loss: torch.Tensor, params: list[torch.nn.Parameter]) -> float:
         """Backward, clip, step. Returns the gradient norm before clipping."""
         self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        zero.track(self.optimizer, loss).backward()
         return self.clip_and_step(params)
 
     def clip_and_step(self, params: list[torch.nn.Parameter]) -> float:
         """Clip the gradients of ``params`` to ``max_grad_norm`` and step. Returns the norm before clipping.
-        Under a multi-process launch the gradients are first averaged over processes."""
+        Under a multi-process launch the gradients are first averaged over processes (under DeepSpeed
+        ZeRO the member's engine has reduced and partitioned them during the backward, and clips them)."""
+        if zero.is_zero(self.optimizer):
+            self.optimizer.max_grad_norm = self.config.max_grad_norm
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            return self.optimizer.last_grad_norm
         all_reduce_gradients(params)
         max_norm = self.config.max_grad_norm
         norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm else float("inf"))

@@ -13,6 +13,7 @@ from typing import NamedTuple, Sequence
 import torch
 
 from .. import functional as F
+from .. import zero
 from ..adapters.shared import checkpointing
 from .base import AgentConfig, LLMAgent
 from ..rollout import (Rollout, attention_from_sequences, evaluate_population, generate_population, member_logprobs,
@@ -387,7 +388,7 @@ def _learn_chunk(agents, batches, rows, stats) -> None:
             lp, old, b.advantages[r].to(lp.device), m,
             loss_type=c.loss_type, clip=c.clip_bounds(), ref_logp=b.ref[r] if b.ref is not None else None,
             beta=c.beta, max_completion_length=c.max_output_tokens, is_weights=weights)
-        total = total + loss
+        total = total + zero.track(a.optimizer, loss)  # under DeepSpeed ZeRO: through the member's engine
         st["loss"].append(float(loss.detach()))
         st["kl"].append(s["kl"])
         st["clip_fraction"].append(s["clip_fraction"])

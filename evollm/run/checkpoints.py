@@ -99,10 +99,15 @@ class RunCheckpointer:
     def on_selection(self, state, result) -> None:
         self.selected = True
 
-    def on_step_complete(self, state) -> None:
+    def saves_after(self, state) -> bool:
+        """Whether :meth:`on_step_complete` will write a checkpoint for ``state.step``."""
         due = (self.every and state.step % self.every == 0) or self.selected or state.step == state.max_steps
+        return bool(due or self.signum is not None)
+
+    def on_step_complete(self, state) -> None:
+        due = self.saves_after(state)
         self.selected = False
-        if due or self.signum is not None:
+        if due:
             path = self.save(state)
             if self.signum is not None:
                 self._restore_signals()

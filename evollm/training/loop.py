@@ -18,6 +18,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .. import distributed as dist
+from .. import zero
 from ..population import Population
 from ..rollout import evaluate_population, generate_population
 from ..run.measure import member_tokens, with_costs
@@ -116,6 +117,8 @@ def evolve(pop: Sequence, train_step: Callable[[list, int], dict[int, dict]],
             break
         if evo_steps is not None and done % evo_steps == 0 and done < max_steps:
             dist.sync_rng(tournament, mutation)  # one source of randomness: process 0's
+            if save_elite and zero.active():
+                zero.snapshot_members(agents)  # process 0 writes the elite: gather its optimizer state on all
             save = (lambda elite: elite.save_checkpoint(Path(elite_path or "elite") / f"step_{done}")) \
                 if save_elite and main else None
             agents, result = _evolve_once(agents, tournament, mutation, record, done, save)
@@ -123,12 +126,25 @@ def evolve(pop: Sequence, train_step: Callable[[list, int], dict[int, dict]],
             state.agents = agents
             call(callbacks, "on_selection", state, result)
         state.agents = agents
+        _snapshot_for_checkpoints(agents, callbacks, state)
         call(callbacks, "on_step_complete", state)
     record.members = list(agents)
+    if zero.active():  # the final checkpoint, elite and best member are written by process 0 alone
+        zero.snapshot_members(agents)
     if save_elite and main:  # the best member of the last evaluation (every member was evaluated at the end)
         record.best().save_checkpoint(Path(elite_path or "elite") / "final")
     call(callbacks, "on_train_end", state)
     return agents, record
+
+
+def _snapshot_for_checkpoints(agents: Sequence, callbacks: Sequence, state: LoopState) -> None:
+    """Under DeepSpeed ZeRO every process holds a shard of each member's optimizer state: when a
+    callback of process 0 will save after this step, gather the full states on every process first."""
+    if not zero.active():
+        return
+    due = any(getattr(cb, "saves_after", lambda s: False)(state) for cb in callbacks)
+    if dist.broadcast_object(due):
+        zero.snapshot_members(agents)
 
 
 def selection_elite(result, old_agents: Sequence):

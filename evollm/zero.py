@@ -1,0 +1,280 @@
+"""DeepSpeed ZeRO for a population: every member's optimizer inside its own DeepSpeed engine.
+
+Under ``accelerate launch --config_file configs/deepspeed/zero2.yaml`` (or ``zero1.yaml``) every member's
+trainable parameters (its LoRA adapters) and its AdamW are handed to ``deepspeed.initialize`` with the
+launch's ZeRO stage: stage 1 partitions the member's optimizer state across processes, stage 2 its
+gradients too (reduce-scatter during the backward). The frozen base is never handed to DeepSpeed: it
+is not copied, partitioned or wrapped; every process holds it once.
+
+evollm's losses pass through the member's engine (:meth:`ZeroOptimizer.track`, DeepSpeed's
+torch-style backward: the engine's hooks reduce and partition the gradients during a plain
+``loss.backward()``, also when several members' losses share one backward), and ``step()`` is
+``engine.step()``. The member's hyperparameters reach the engine: its learning rate is the engine
+optimizer's param-group ``lr`` and its ``max_grad_norm`` the ZeRO optimizer's clip value, set before
+every step. :meth:`ZeroOptimizer.state_dict` gathers the full (unpartitioned) state in torch's AdamW
+layout, so clones, LoRA-rank changes and safetensors checkpoints work unchanged;
+:meth:`~ZeroOptimizer.load_state_dict` gives every process its own partition of a full state.
+
+ZeRO stage 3 partitions the parameters themselves and needs DeepSpeed to own the forward of the module
+that holds them; the members' adapters live inside ONE shared base model that every member's forward
+runs through, so stage 3 is refused (one line) rather than run as something it is not.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import warnings
+from collections.abc import MutableMapping
+from typing import Sequence
+
+import torch
+
+from . import distributed as dist
+
+SUPPORTED_STAGES = (1, 2)
+_MOMENTS = ("exp_avg", "exp_avg_sq")
+
+
+def stage() -> int | None:
+    """The ZeRO stage of this launch (``None``: no DeepSpeed); stage 3 and offloading are refused."""
+    s = dist.zero_stage()
+    if s is None:
+        return None
+    if s not in SUPPORTED_STAGES:
+        raise ValueError(f"DeepSpeed zero_stage={s} is not supported for a population: members' adapters live in one "
+                         f"shared base whose forward DeepSpeed does not own, so stage 3 cannot partition them; use "
+                         f"zero_stage 1 or 2 (configs/deepspeed/zero2.yaml)")
+    for kind in ("OPTIMIZER", "PARAM"):
+        device = os.environ.get(f"ACCELERATE_DEEPSPEED_OFFLOAD_{kind}_DEVICE", "none").lower()
+        if device not in ("none", ""):
+            raise ValueError(f"DeepSpeed offload_{kind.lower()}_device={device!r} is not supported for a population; "
+                             "set it to none")
+    return s
+
+
+def active() -> bool:
+    """Whether members' optimizers go into DeepSpeed engines (a ZeRO launch of several processes)."""
+    return stage() is not None and dist.is_distributed()
+
+
+def deepspeed_config(zero_stage: int, max_grad_norm: float | None) -> dict:
+    """The DeepSpeed config of one member's engine. The batch sizes are bookkeeping only (evollm
+    forms the batches); gradients are averaged over processes; clipping is the member's own."""
+    return {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
+            "gradient_clipping": float(max_grad_norm or 0.0), "steps_per_print": 2 ** 62,
+            "zero_optimization": {"stage": int(zero_stage), "overlap_comm": False, "contiguous_gradients": True},
+            "zero_allow_untested_optimizer": True, "wall_clock_breakdown": False}
+
+
+class _Holder(torch.nn.Module):
+    """The module DeepSpeed wraps for one member: its trainable parameters (the SAME Parameter objects
+    that live in the shared base's LoRA layers). Its forward passes a loss through, so the engine's
+    backward hooks see every loss the member is trained on."""
+
+    def __init__(self, params: Sequence[torch.nn.Parameter]):
+        super().__init__()
+        self.members_params = torch.nn.ParameterList(params)
+
+    def forward(self, loss: torch.Tensor) -> torch.Tensor:
+        return loss * 1.0
+
+
+class _Group(MutableMapping):
+    """A param group as evollm sees it: ``params`` are the member's own parameters, every other key
+    (``lr``, ``name``, ``betas``, ...) reads and writes the engine optimizer's group."""
+
+    def __init__(self, group: dict, params: list):
+        self._group, self._params = group, params
+
+    def __getitem__(self, key):
+        return self._params if key == "params" else self._group[key]
+
+    def __setitem__(self, key, value):
+        if key == "params":
+            raise KeyError("the parameters of a ZeRO member's param group cannot be replaced; build a new optimizer")
+        self._group[key] = value
+
+    def __delitem__(self, key):
+        del self._group[key]
+
+    def __iter__(self):
+        return iter(self._group)
+
+    def __len__(self):
+        return len(self._group)
+
+
+class ZeroOptimizer:
+    """One member's AdamW inside a DeepSpeed ZeRO engine, with the ``torch.optim.Optimizer`` surface
+    evollm uses (``param_groups``, ``step``, ``zero_grad``, ``state_dict``, ``load_state_dict``)."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, zero_stage: int, max_grad_norm: float | None):
+        import deepspeed
+
+        self.groups_params = [list(g["params"]) for g in optimizer.param_groups]
+        self.params = [p for ps in self.groups_params for p in ps]
+        self.zero_stage = int(zero_stage)
+        self.max_grad_norm = max_grad_norm
+        trainable = [p.requires_grad for p in self.params]
+        for p in self.params:  # the shared base marks only the adapter in use trainable; DeepSpeed takes trainable ones
+            p.requires_grad_(True)
+        with _quiet():
+            self.engine, self.zero, _, _ = deepspeed.initialize(
+                model=_Holder(self.params), optimizer=optimizer,
+                config=deepspeed_config(zero_stage, max_grad_norm), dist_init_required=False)
+        for p, flag in zip(self.params, trainable):
+            p.requires_grad_(flag)
+        self.param_groups = [_Group(g, ps) for g, ps in zip(self.zero.param_groups, self.groups_params)]
+        self.last_grad_norm = float("nan")
+        self._snapshot = None
+
+    # ------------------------------------------------------------------ training
+    def track(self, loss: torch.Tensor) -> torch.Tensor:
+        """``loss`` through the member's engine (same value): its backward reduces and partitions the
+        member's gradients across processes."""
+        return self.engine(loss)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.zero.zero_grad(set_to_none=set_to_none)
+
+    def step(self, closure=None) -> None:
+        self.zero.clip_grad = float(self.max_grad_norm or 0.0)
+        self.engine.step()
+        norm = self.engine.get_global_grad_norm()
+        self.last_grad_norm = float(norm) if norm is not None else float("nan")
+        self._snapshot = None
+
+    def register_step_post_hook(self, hook):
+        """Accepted for the torch surface; step hooks (the fresh-Adam correction of directions born by a
+        LoRA rank growth) do not run on a partitioned state: those entries keep their tensor's step count."""
+        warnings.warn("ZeRO member: entries born by a LoRA rank growth share their tensor's Adam step count (the "
+                      "fresh-Adam bias correction needs the unpartitioned state)", stacklevel=2)
+
+    # ------------------------------------------------------------------ state
+    def _partitions(self) -> list[torch.Tensor]:
+        return list(self.zero.single_partition_of_fp32_groups)
+
+    def local_state_numel(self) -> int:
+        """Elements of optimizer state (Adam moments) this process holds for the member."""
+        total = 0
+        for flat in self._partitions():
+            st = self.zero.optimizer.state.get(flat, {})
+            total += sum(st[k].numel() for k in _MOMENTS if k in st)
+        return total
+
+    def full_state_numel(self) -> int:
+        """Elements of optimizer state the member has in all (both Adam moments of every parameter)."""
+        return 2 * sum(p.numel() for p in self.params)
+
+    def gather(self) -> dict:
+        """The full optimizer state in torch's AdamW ``state_dict`` layout. Collective: every process
+        must call it (they all get the full state)."""
+        state, pid = {}, 0
+        for g, (ps, flat) in enumerate(zip(self.groups_params, self._partitions())):
+            st = self.zero.optimizer.state.get(flat, {})
+            for p in ps:
+                if "exp_avg" in st:
+                    from deepspeed.utils import safe_get_full_optimizer_state
+
+                    entry = {"step": st["step"].detach().clone() if torch.is_tensor(st["step"]) else
+                             torch.tensor(float(st["step"]))}
+                    for k in _MOMENTS:
+                        entry[k] = safe_get_full_optimizer_state(p, k).detach().to(p.device).reshape(p.shape).clone()
+                    state[pid] = entry
+                pid += 1
+        groups, pid = [], 0
+        for group, ps in zip(self.zero.param_groups, self.groups_params):
+            g = {k: copy.deepcopy(v) for k, v in group.items() if k != "params"}
+            g["params"] = list(range(pid, pid + len(ps)))
+            pid += len(ps)
+            groups.append(g)
+        return {"state": state, "param_groups": groups}
+
+    def snapshot(self) -> None:
+        """Gather the full state now (collective) and keep it until the next step, so that a single
+        process (the one writing a checkpoint) can read :meth:`state_dict` without the others."""
+        self._snapshot = self.gather()
+
+    def state_dict(self) -> dict:
+        """The full state (torch AdamW layout): the snapshot taken since the last step, else a
+        collective gather (every process must call it then)."""
+        return self._snapshot if self._snapshot is not None else self.gather()
+
+    def load_state_dict(self, state: dict) -> None:
+        """Load a full state (torch AdamW layout): every process keeps only its partition."""
+        from deepspeed.utils import safe_set_full_optimizer_state
+
+        for group, saved in zip(self.param_groups, state["param_groups"]):
+            for k, v in saved.items():
+                if k != "params":
+                    group[k] = copy.deepcopy(v)
+        pid = 0
+        entries = state["state"]
+        for ps, flat in zip(self.groups_params, self._partitions()):
+            steps = [entries[i]["step"] for i in range(pid, pid + len(ps)) if i in entries]
+            if steps:
+                st = self.zero.optimizer.state[flat]
+                if "exp_avg" not in st:  # torch's AdamW creates its state at the first step
+                    st.update(step=torch.tensor(0.0), exp_avg=torch.zeros_like(flat), exp_avg_sq=torch.zeros_like(flat))
+                    self.zero._hp_optimizer_states_linked = False
+                    self.zero._lazy_init_hp_params_optimizer_state()
+                st["step"] = torch.tensor(float(steps[0]))
+                for i, p in enumerate(ps, start=pid):
+                    for k in _MOMENTS:
+                        value = entries[i][k] if i in entries else torch.zeros_like(p)
+                        safe_set_full_optimizer_state(p, value.to(flat.device, flat.dtype).reshape(-1), k)
+            pid += len(ps)
+        self._snapshot = None
+
+    def close(self) -> None:
+        """Remove the engine's hooks from the member's parameters (before a new engine takes them)."""
+        if self.engine is not None:
+            self.engine.destroy()
+            self.engine = None
+
+
+def wrap(optimizer: torch.optim.Optimizer, max_grad_norm: float | None, previous=None):
+    """``optimizer`` inside a DeepSpeed ZeRO engine when this is a ZeRO launch, else unchanged.
+    ``previous``: the member's former optimizer, whose engine is closed first."""
+    if isinstance(previous, ZeroOptimizer):
+        previous.close()
+    s = stage()
+    if s is None:
+        return optimizer
+    dist.init()
+    if not dist.is_distributed():  # one process: nothing to partition, the plain optimizer is the same thing
+        return optimizer
+    return ZeroOptimizer(optimizer, s, max_grad_norm)
+
+
+def track(optimizer, loss: torch.Tensor) -> torch.Tensor:
+    """``loss`` through the member's engine when its optimizer is a ZeRO one (else unchanged)."""
+    return optimizer.track(loss) if isinstance(optimizer, ZeroOptimizer) else loss
+
+
+def is_zero(optimizer) -> bool:
+    return isinstance(optimizer, ZeroOptimizer)
+
+
+def snapshot_members(agents: Sequence) -> None:
+    """Gather every ZeRO member's full optimizer state (collective; call on every process before a
+    checkpoint is written by the main process)."""
+    for a in agents:
+        opt = getattr(a, "optimizer", None)
+        if isinstance(opt, ZeroOptimizer):
+            opt.snapshot()
+
+
+class _quiet:
+    """DeepSpeed logs every engine it builds at INFO; a population builds one per member."""
+
+    def __enter__(self):
+        import logging
+
+        self.logger = logging.getLogger("DeepSpeed")
+        self.level = self.logger.level
+        self.logger.setLevel(logging.WARNING)
+
+    def __exit__(self, *exc):
+        self.logger.setLevel(self.level)

@@ -1,0 +1,96 @@
+"""Run under ``accelerate launch --config_file configs/deepspeed/zero2.yaml --num_processes 2`` by
+tests/test_zero.py (not a test itself); also the 1-process reference (``scenario`` without a launch).
+
+Members are trained on a FIXED global batch (each process its half of the prompts): two learn steps,
+with a clone made between them, member 1 on its own learning rate and a tight max_grad_norm. Every
+process writes its members' adapters and gathered optimizer states, and the size of the optimizer
+state it holds itself; process 0 writes member checkpoints. Then a fresh population is loaded from
+those checkpoints (each process keeps its partition) and takes one more learn step.
+"""
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+
+def build(cache_dir=None):
+    from conftest import make_grpo
+    from evollm.models.warm_start import load_tiny_model
+
+    model, tok = load_tiny_model(warm_start=False, seed=0)
+    torch.manual_seed(0)
+    pop = make_grpo(model, tok, n=2, lr=1e-2, batch_size=64)
+    pop[1].set_hyperparameter("lr", 3e-3)
+    pop[1].set_hyperparameter("max_grad_norm", 1e-3)  # clipping is active for member 1
+    return pop, tok
+
+
+def step(pop, tok, shard=lambda rows: rows):
+    from data_parallel_script import fixed_batch
+    from evollm.training.loop import learn_all
+
+    seqs, masks, rewards = fixed_batch(tok)
+    mine = shard(list(range(seqs.shape[0])))
+    exp = (seqs[mine].reshape(-1, seqs.shape[2]), masks[mine].reshape(-1, masks.shape[2]), rewards[mine])
+    return learn_all(pop, [exp] * len(pop))
+
+
+def scenario(shard=lambda rows: rows):
+    """Step, clone member 0, step: the population of 3 members and the grad norms of the steps."""
+    pop, tok = build()
+    norms = [[m["grad_norm"] for m in step(pop, tok, shard)]]
+    pop.append(pop[0].clone())
+    norms.append([m["grad_norm"] for m in step(pop, tok, shard)])
+    return pop, tok, norms
+
+
+def adapters(pop) -> dict:
+    return {f"{a.index}/{k}": v.contiguous() for a in pop for k, v in a.shared.state_dict(a.adapter_name()).items()}
+
+
+def optimizer_states(pop) -> dict:
+    from evollm.checkpoint import optimizer_to_safetensors
+
+    out = {}
+    for a in pop:
+        tensors, _ = optimizer_to_safetensors(a.optimizer)
+        out.update({f"{a.index}/{k}": v for k, v in tensors.items()})
+    return out
+
+
+def main(out: Path):
+    from evollm import distributed as dist
+    from evollm import zero
+
+    dist.init()
+    rank = dist.process_index()
+    pop, tok, norms = scenario(dist.shard)
+    sizes = {a.index: [a.optimizer.local_state_numel(), a.optimizer.full_state_numel(), type(a.optimizer).__name__,
+                       a.optimizer.zero_stage] for a in pop}
+    save_file(adapters(pop), str(out / f"trained-rank{rank}.safetensors"))
+    save_file(optimizer_states(pop), str(out / f"optimizer-rank{rank}.safetensors"))  # collective gather
+    zero.snapshot_members(pop)  # then process 0 alone writes the checkpoints
+    if rank == 0:
+        for a in pop:
+            a.save_checkpoint(out / f"member-{a.index}")
+    dist.barrier()
+    (out / f"info-rank{rank}.json").write_text(json.dumps({"sizes": sizes, "norms": norms}))
+
+    for a in pop:  # as in a resumed run: the process holds only the population it resumes
+        a.release()
+    fresh, tok = build()
+    fresh.append(fresh[0].clone())
+    for a in fresh:  # load on every process: each keeps its partition of the full saved state
+        a.load_checkpoint(out / f"member-{a.index}")
+    step(fresh, tok, dist.shard)
+    save_file(adapters(fresh), str(out / f"resumed-rank{rank}.safetensors"))
+    dist.barrier()
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).parent))
+    torch.set_num_threads(1)
+    main(Path(sys.argv[1]))
