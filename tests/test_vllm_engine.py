@@ -156,3 +156,30 @@ def test_members_with_different_sampling_settings_share_one_engine_call(served):
         r = rollouts[a.index]
         assert r.sequences.shape[0] == 2 * a.config.group_size and r.sampler_logp is not None
         assert torch.all(r.sampler_logp[r.action_mask.bool()] < 0)
+
+
+def test_samples_follow_torch_seed_not_the_engines_own_rng(served):
+    """Every sampled request carries a seed drawn from torch's global generator: another engine (with
+    another engine seed, its RNG in another state) given the same torch seed samples the same tokens."""
+    from evollm.rollout.vllm_engine import VLLMEngine
+
+    pop, tok, engine = served
+    live = [a for a in pop if not a.released]
+    ids, mask = _prompts(2)
+    sampling = live[0].sampling_config(training=True, group_size=4)
+
+    def sample(eng, seed):
+        torch.manual_seed(seed)
+        return eng.generate_for_members(live, torch.cat([ids] * len(live)), torch.cat([mask] * len(live)),
+                                        [2] * len(live), sampling, tok.pad_token_id, tok.eos_token_id)
+
+    first = sample(engine, 11)
+    other = VLLMEngine(live[0].shared, {"max_model_len": 64, "seed": 7}, max_rank=16, population_size=3)
+    try:
+        again = sample(other, 11)
+    finally:
+        other.close()
+    assert torch.equal(first[0], again[0])  # the same tokens for every member, prompt and sample
+    torch.testing.assert_close(first[1], again[1], atol=1e-5, rtol=0)
+    assert torch.equal(sample(engine, 11)[0], first[0])  # the same engine later: the same tokens
+    assert not torch.equal(sample(engine, 12)[0], first[0])  # another torch seed: other samples

@@ -74,7 +74,10 @@ class VLLMSettings:
         integrity_atol: Largest tolerated |engine - trainer| log-prob on the probe; ``None``: 1e-3 in
             float32, 0.1 in 16-bit dtypes.
         adapter_dir: Where adapters are written for the engine; ``None``: a temporary folder.
-        seed: Seed of the engine's sampling RNG.
+        seed: Seed of the engine itself. Sampling does not depend on it: every sampled request carries
+            its own ``SamplingParams.seed`` drawn from torch's global generator (the generator HF
+            sampling uses, seeded per step and saved in run checkpoints), so a resumed run, or another
+            engine, samples the same tokens.
         engine_kwargs: Further ``vllm.LLM`` keyword arguments.
     """
 
@@ -368,12 +371,13 @@ class VLLMEngine:
         for members, input_ids, attention_mask, counts, sampling, _, eos_token_id in jobs:
             eos = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id or [])
             job_params = _sampling_params(sampling, eos, sampling.num_return_sequences)
+            seeds = request_seeds(sum(counts)) if sampling.do_sample else None
             start, row = len(requests), 0
             for member, count in zip(members, counts):
                 name = member.adapter_name("actor")
                 for r in range(row, row + count):
                     requests.append((input_ids[r][attention_mask[r].bool()].tolist(), name))
-                    params.append(job_params)
+                    params.append(job_params if seeds is None else {**job_params, "seed": seeds[r]})
                 row += count
             spans.append((start, len(requests)))
         outs = self.backend.generate(requests, self._registered, params)
@@ -393,9 +397,16 @@ class VLLMEngine:
 
     def close(self) -> None:
         self.backend.close()
-        _ENGINES.pop(self.shared, None)
+        if _ENGINES.get(self.shared) is self:
+            _ENGINES.pop(self.shared)
         if self._own_root:
             shutil.rmtree(self._root, ignore_errors=True)
+
+
+def request_seeds(n: int) -> list[int]:
+    """One ``SamplingParams.seed`` per request from torch's global generator (vLLM gives the ``j``-th
+    of a request's ``n`` samples ``seed + j``): the engine's own RNG state never decides a sample."""
+    return torch.randint(0, 2 ** 31 - 1, (n,)).tolist()
 
 
 def _max_rank(members: Sequence) -> int:
