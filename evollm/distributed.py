@@ -53,9 +53,8 @@ def init():
 
 def zero_stage() -> int | None:
     """The DeepSpeed ZeRO stage of an ``accelerate launch --config_file configs/deepspeed/zero*.yaml``
-    launch (``None`` without DeepSpeed). The launch runs evollm's data-parallel path: the frozen base
-    once per process, every member's LoRA gradients averaged over processes; members' optimizer
-    states are NOT sharded by DeepSpeed (no DeepSpeed engine wraps the per-member optimizers)."""
+    launch (``None`` without DeepSpeed). :mod:`evollm.zero` puts every member's optimizer into its own
+    DeepSpeed engine at that stage (1 or 2); the frozen base stays outside DeepSpeed."""
     if os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() != "true":
         return None
     return int(os.environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE", "2"))

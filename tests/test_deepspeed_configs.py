@@ -8,7 +8,7 @@ import pytest
 CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "deepspeed"
 
 
-@pytest.mark.parametrize("name,stage", [("zero2.yaml", 2), ("zero3.yaml", 3)])
+@pytest.mark.parametrize("name,stage", [("zero1.yaml", 1), ("zero2.yaml", 2), ("zero3.yaml", 3)])
 def test_deepspeed_accelerate_config_is_valid(name, stage):
     from accelerate.commands.config.config_args import ClusterConfig
     from accelerate.utils import DeepSpeedPlugin, DistributedType
