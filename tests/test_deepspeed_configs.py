@@ -31,7 +31,7 @@ def test_deepspeed_accelerate_config_is_valid(name, stage):
         return  # DeepSpeed not installed: accelerate's checks above are what can run here
     resolved = {**config, "train_batch_size": 8, "train_micro_batch_size_per_gpu": 8,
                 "gradient_accumulation_steps": 1}
-    DeepSpeedConfig(resolved, world_size=1)  # raises on an invalid configuration
+    DeepSpeedConfig(resolved)  # raises on an invalid configuration (one process: world size 1)
 
 
 def test_launch_reads_the_zero_stage(monkeypatch):
