@@ -401,7 +401,8 @@ class RunConfig(Section):
     rollout_backend: str = option("hf", "What samples rollouts and evaluations: 'hf' (transformers generate on the "
                                   "shared PEFT model) or 'vllm' (ONE vLLM engine for the population, every member a "
                                   "LoRA id; pip install evollm[vllm]). Single-turn tasks.", choices=("hf", "vllm"))
-    vllm: dict[str, Any] = option({}, "vLLM engine settings (evollm.rollout.vllm_engine.VLLMSettings: mode, dtype, "
+    vllm: dict[str, Any] = option({}, "vLLM engine settings (evollm.rollout.vllm_engine.VLLMSettings: mode "
+                                  "(colocate | server), server_url (server mode), dtype, "
                                   "gpu_memory_utilization, enable_sleep_mode, max_lora_rank, max_model_len, "
                                   "integrity_check_interval, integrity_atol, ...).",
                                   when={"rollout_backend": ("vllm",)})

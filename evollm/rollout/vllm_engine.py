@@ -39,7 +39,7 @@ import torch
 
 #: LoRA ranks vLLM accepts as ``max_lora_rank``.
 VLLM_LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)
-MODES = ("colocate",)
+MODES = ("colocate", "server")
 
 
 class EngineMismatchError(RuntimeError):
@@ -51,8 +51,12 @@ class VLLMSettings:
     """Settings of the vLLM rollout backend (``rollout_backend: vllm`` plus the ``vllm:`` section).
 
     Attributes:
-        mode: ``colocate``: the engine lives in the training process and shares its device. (A
-            ``server`` mode, a ``vllm serve`` process with runtime LoRA loading, is not built yet.)
+        mode: ``colocate``: the engine lives in the training process and shares its device.
+            ``server``: a running vLLM OpenAI-compatible server at ``server_url`` (runtime LoRA
+            loading; see :mod:`evollm.rollout.vllm_server` for how to start it).
+        server_url: Base URL of the server in ``server`` mode, e.g. ``http://localhost:8000``. The
+            server must read the adapter folders the engine writes (``adapter_dir``; same machine
+            or a shared filesystem), serve the same base, and allow ``max_lora_rank``.
         model_path: Folder or hub id of the base weights the engine loads; ``None``: the base's own
             ``name_or_path`` when it is a local folder, else the in-memory base is exported once.
             The integrity check catches a path whose weights differ from the trainer's base.
@@ -82,6 +86,7 @@ class VLLMSettings:
     """
 
     mode: str = "colocate"
+    server_url: str | None = None
     model_path: str | None = None
     dtype: str = "auto"
     max_lora_rank: int | None = None
@@ -99,8 +104,10 @@ class VLLMSettings:
 
     def validate(self) -> None:
         if self.mode not in MODES:
-            raise ValueError(f"vllm.mode={self.mode!r} is not valid; choose one of {list(MODES)} (server mode is "
-                             "not built yet)")
+            raise ValueError(f"vllm.mode={self.mode!r} is not valid; choose one of {list(MODES)}")
+        if (self.mode == "server") != bool(self.server_url):
+            raise ValueError("vllm.server_url is required with vllm.mode=server (and only then), e.g. "
+                             "http://localhost:8000")
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError(f"vllm.gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.integrity_check_interval < 0:
@@ -203,7 +210,11 @@ class VLLMEngine:
         self.max_lora_rank = supported_lora_rank(s.max_lora_rank or max_rank)
         self.max_loras = int(s.max_loras or population_size)
         t0 = time.perf_counter()
-        self.backend = _ColocatedBackend(self._build_llm())
+        if s.mode == "server":
+            from .vllm_server import ServerBackend
+            self.backend = ServerBackend(s.server_url)
+        else:
+            self.backend = _ColocatedBackend(self._build_llm())
         self.stats["start_s"] = time.perf_counter() - t0
 
     # ------------------------------------------------------------------ construction
