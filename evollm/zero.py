@@ -227,6 +227,23 @@ class ZeroOptimizer:
             pid += len(ps)
         self._snapshot = None
 
+    def reset(self, optimizer: torch.optim.Optimizer, max_grad_norm: float | None) -> None:
+        """A fresh optimizer on the same engine: ``optimizer``'s group settings, Adam moments and step
+        counts zero, the fp32 master copy taken from the parameters as they are now (e.g. just loaded)."""
+        from deepspeed.utils import safe_set_full_fp32_param
+
+        for group, fresh in zip(self.param_groups, optimizer.param_groups):
+            for k, v in fresh.items():
+                if k != "params":
+                    group[k] = copy.deepcopy(v)
+        for p in self.params:
+            safe_set_full_fp32_param(p, p.detach().clone())
+        for flat in self._partitions():
+            self.zero.optimizer.state.get(flat, {}).clear()
+        self.zero._hp_optimizer_states_linked = False
+        self.max_grad_norm = max_grad_norm
+        self._snapshot = None
+
     def close(self) -> None:
         """Remove the engine's hooks from the member's parameters (before a new engine takes them)."""
         if self.engine is not None:
@@ -236,8 +253,15 @@ class ZeroOptimizer:
 
 def wrap(optimizer: torch.optim.Optimizer, max_grad_norm: float | None, previous=None):
     """``optimizer`` inside a DeepSpeed ZeRO engine when this is a ZeRO launch, else unchanged.
-    ``previous``: the member's former optimizer, whose engine is closed first."""
+    ``previous``: the member's former optimizer. Over the same parameters (a reset, e.g. before a
+    checkpoint is loaded) its engine is kept and reset to a fresh optimizer with ``optimizer``'s
+    settings; otherwise it is closed first."""
     if isinstance(previous, ZeroOptimizer):
+        params = [p for g in optimizer.param_groups for p in g["params"]]
+        if previous.engine is not None and len(params) == len(previous.params) and all(
+                a is b for a, b in zip(params, previous.params)):
+            previous.reset(optimizer, max_grad_norm)
+            return previous
         previous.close()
     s = stage()
     if s is None:
