@@ -15,8 +15,8 @@ import torch
 from .. import functional as F
 from ..adapters.shared import checkpointing
 from .base import AgentConfig, LLMAgent
-from ..rollout import (Rollout, attention_from_sequences, evaluate_population, generate_population, member_logprobs,
-                       stack_rows)
+from ..rollout import (Rollout, attention_from_sequences, evaluate_population, first_target, generate_population,
+                       member_logprobs, stack_rows)
 
 
 @dataclass
@@ -252,11 +252,15 @@ def _prepare(agent: GRPO, experiences) -> _Prepared:
                      sampler=sampler)
 
 
-def _joint_logprobs(agents, seqs, attn, rows_each: int, grad: bool, reference: bool = False) -> torch.Tensor:
-    """Log-probs of concatenated row blocks, block ``i`` under ``agents[i]`` (or the reference)."""
+def _joint_logprobs(agents, seqs, attn, rows_each: int, grad: bool, reference: bool = False,
+                    start: int | None = None) -> torch.Tensor:
+    """Log-probs of concatenated row blocks, block ``i`` under ``agents[i]`` (or the reference); the
+    output head runs only from ``start`` on (the first completion position: the loss reads no column
+    before it)."""
     a0, c = agents[0], agents[0].config
     return member_logprobs(a0.shared, [a.adapter_name("actor") for a in agents], seqs, attn, rows_each, grad,
-                           reference, c.temperature, c.logprob_chunk_rows, c.logits_budget_mb, c.disable_dropout)
+                           reference, c.temperature, c.logprob_chunk_rows, c.logits_budget_mb, c.disable_dropout,
+                           start=start)
 
 
 def activation_bytes_per_token(model) -> float:
@@ -329,15 +333,16 @@ def grpo_update(agents: Sequence[GRPO], experiences: Sequence) -> list[dict[str,
     chunks = member_chunks(agents, min(c0.batch_size, rows_total), width)
     groups = [([agents[i] for i in ch], [batches[i] for i in ch]) for ch in chunks]
     for ags, bs in groups:
+        start = min(first_target(b.mask) for b in bs)
         if c0.update_epochs > 1 or c0.batch_size < rows_total:
             olds = _joint_logprobs(ags, torch.cat([b.seqs for b in bs]), torch.cat([b.attn for b in bs]),
-                                   rows_total, False)
+                                   rows_total, False, start=start)
             for b, old in zip(bs, olds.split(rows_total)):
                 b.old = old
         with_ref = [b for a, b in zip(ags, bs) if a.config.beta > 0]
         if with_ref:
-            refs = _joint_logprobs(ags, torch.cat([b.seqs for b in with_ref]),
-                                   torch.cat([b.attn for b in with_ref]), rows_total, False, reference=True)
+            refs = _joint_logprobs(ags, torch.cat([b.seqs for b in with_ref]), torch.cat([b.attn for b in with_ref]),
+                                   rows_total, False, reference=True, start=min(first_target(b.mask) for b in with_ref))
             for b, ref in zip(with_ref, refs.split(rows_total)):
                 b.ref = ref
     params = [a.shared.parameters(a.adapter_name("actor")) for a in agents]
@@ -372,7 +377,8 @@ def _learn_chunk(agents, batches, rows, stats) -> None:
     """One fused forward + backward over a group of members' minibatch rows (gradients accumulate;
     each member's loss reaches only its own adapter)."""
     logp = _joint_logprobs(agents, torch.cat([b.seqs[r] for b, r in zip(batches, rows)]),
-                           torch.cat([b.attn[r] for b, r in zip(batches, rows)]), len(rows[0]), True)
+                           torch.cat([b.attn[r] for b, r in zip(batches, rows)]), len(rows[0]), True,
+                           start=min(first_target(b.mask[r]) for b, r in zip(batches, rows)))
     total = 0.0
     for a, b, r, lp, st in zip(agents, batches, rows, logp.split(len(rows[0])), stats):
         c, m = a.config, b.mask[r].to(lp.device)
