@@ -71,14 +71,36 @@ def worker(n: int, path: str, args) -> dict:
     Path(f"/proc/{os.getpid()}/clear_refs").write_text("5")
     before = peak_kib()
     cpu = time.thread_time()
-    metrics = GRPO.learn_population(pop, exps) if n > 1 else [pop[0].learn(exps[0])]
+    if args.tensors:  # tensor-level accounting instead of RSS (slower: the profiler records every op)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True,
+                                    record_shapes=True, with_stack=True) as prof:
+            metrics = GRPO.learn_population(pop, exps) if n > 1 else [pop[0].learn(exps[0])]
+    else:
+        metrics = GRPO.learn_population(pop, exps) if n > 1 else [pop[0].learn(exps[0])]
     cpu = time.thread_time() - cpu
+    tensors = tensor_peak(prof) if args.tensors else {}
     params = pop[0].shared.parameters(pop[0].adapter_name())
     adapter = sum(p.numel() * p.element_size() for p in params)
     return {"members": n, "path": path, "peak_mib": peak_kib() / 1024, "rss_before_mib": before / 1024,
             "learn_cpu_s": cpu, "member_state_mib": 3 * adapter / 2**20,
             "learn_path": metrics[0]["learn_path"], "learn_chunks": metrics[0]["learn_chunks"],
-            "base_params": sum(p.numel() for p in pop[0].shared.base_parameters())}
+            "base_params": sum(p.numel() for p in pop[0].shared.base_parameters()), **tensors}
+
+
+def tensor_peak(prof) -> dict:
+    """Peak of the bytes held by live CPU tensors during the profiled step (the profiler's memory
+    timeline: every allocation and free of the c10 allocator, categorised), with the categories at
+    that peak and at the start; allocator caching and fragmentation (which RSS sees) are not in it."""
+    from torch.profiler._memory_profiler import _CATEGORY_TO_INDEX, MemoryProfile, MemoryProfileTimeline
+
+    timeline = MemoryProfileTimeline(MemoryProfile(prof.profiler.kineto_results))
+    _, sizes = timeline._coalesce_timeline("cpu")
+    totals = [sum(s) for s in sizes]
+    at = max(range(len(totals)), key=totals.__getitem__)
+    names = {i + 1: (c.name.lower() if c is not None else "unknown") for c, i in _CATEGORY_TO_INDEX.items()}
+    return {"tensor_peak_mib": totals[at] / 2**20, "tensor_start_mib": totals[0] / 2**20,
+            "tensor_at_peak_mib": {names[i]: sizes[at][i] / 2**20 for i in names},
+            "tensor_at_start_mib": {names[i]: sizes[0][i] / 2**20 for i in names}}
 
 
 def main() -> None:
@@ -92,6 +114,8 @@ def main() -> None:
     ap.add_argument("--rank", type=int, default=8)
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--tensors", action="store_true",
+                    help="also account live tensor bytes with the torch profiler's memory timeline")
     ap.add_argument("--out", default=str(RESULTS / "memory_learn.json"))
     ap.add_argument("--worker", nargs=2, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -99,6 +123,7 @@ def main() -> None:
         print(json.dumps(worker(int(args.worker[0]), args.worker[1], args)))
         return
     passthrough = [f"--{k}={getattr(args, k)}" for k in ("layers", "hidden", "intermediate", "vocab", "rank", "threads")]
+    passthrough += ["--tensors"] if args.tensors else []
     runs = []
     for _ in range(args.repeats):
         for n in args.sizes:
