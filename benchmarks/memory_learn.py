@@ -1,7 +1,8 @@
 """Peak memory per member of the population learn step: fused (one routed pass), member by member,
-and the default (members grouped to the memory budget), with the CPU time of the step.
+and the default (members fuse only while their activations are small against their state, see
+``evollm.algorithms.grpo.member_chunks``), with the CPU time of the step.
 
-    python benchmarks/memory_learn.py --sizes 1 2 4 8
+    python benchmarks/memory_learn.py --sizes 1 2 4 8 [--tensors]
 
 Each (path, population size) runs in a fresh subprocess: build a Llama from a config (default
 23.0 M parameters: hidden 384, 6 layers, vocabulary 32000), N members with LoRA r=8 on the 7
@@ -9,6 +10,13 @@ projections, one learn step on 4 prompts x group 4 (10 prompt + 8 completion tok
 state exists, then reset the peak RSS (``/proc/self/clear_refs``) and take a second learn step.
 "Extra peak per member" is ``(peak(N) - peak(1)) / (N - 1)``; the target is at most 1.5x the
 member's persistent state (adapter + Adam moments).
+
+RSS also holds what the C allocator keeps after ``free`` (glibc raises its mmap threshold after large
+frees and then serves big tensors from a heap it does not give back); run with e.g.
+``MALLOC_MMAP_THRESHOLD_=131072`` in the environment to keep large tensors on mmap (the setting is
+recorded in the JSON). ``--tensors`` also measures the peak of live tensor bytes with the torch
+profiler's memory timeline (by category: parameters, optimizer state, activations, gradients, ...),
+which no allocator behaviour affects; the profiler's own memory inflates RSS in that mode.
 """
 
 from __future__ import annotations
@@ -134,6 +142,7 @@ def main() -> None:
                                      capture_output=True, text=True, check=True, cwd=ROOT)
                 runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
     one = statistics.median(r["peak_mib"] for r in runs if r["members"] == 1)
+    t_one = 0.0
     one_cpu = statistics.median(r["learn_cpu_s"] for r in runs if r["members"] == 1)
     state = runs[0]["member_state_mib"]
     table = []
@@ -144,11 +153,17 @@ def main() -> None:
             rs = [r for r in runs if r["members"] == n and r["path"] == path]
             peak = statistics.median(r["peak_mib"] for r in rs)
             extra = (peak - one) / (n - 1)
-            table.append({"path": path, "members": n, "learn_path": rs[0]["learn_path"],
-                          "learn_chunks": rs[0]["learn_chunks"], "peak_mib": peak, "extra_per_member_mib": extra,
-                          "extra_over_state": extra / state,
-                          "learn_cpu_s": statistics.median(r["learn_cpu_s"] for r in rs)})
-    result = {"settings": vars(args), "load_average": list(os.getloadavg()), "member_state_mib": state,
+            row = {"path": path, "members": n, "learn_path": rs[0]["learn_path"],
+                   "learn_chunks": rs[0]["learn_chunks"], "peak_mib": peak, "extra_per_member_mib": extra,
+                   "extra_over_state": extra / state, "learn_cpu_s": statistics.median(r["learn_cpu_s"] for r in rs)}
+            if args.tensors:
+                t_one = statistics.median(r["tensor_peak_mib"] for r in runs if r["members"] == 1)
+                t_extra = (statistics.median(r["tensor_peak_mib"] for r in rs) - t_one) / (n - 1)
+                row.update(tensor_peak_mib=statistics.median(r["tensor_peak_mib"] for r in rs),
+                           tensor_extra_per_member_mib=t_extra, tensor_extra_over_state=t_extra / state)
+            table.append(row)
+    result = {"settings": vars(args), "load_average": list(os.getloadavg()),
+              "malloc_env": {k: v for k, v in os.environ.items() if k.startswith("MALLOC_")}, "member_state_mib": state,
               "peak_one_member_mib": one, "learn_cpu_one_member_s": one_cpu,
               "base_params": runs[0]["base_params"], "table": table, "runs": runs}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
@@ -161,6 +176,13 @@ def main() -> None:
     for r in table:
         print(f"| {r['path']} | {r['members']} | {r['learn_path']} ({r['learn_chunks']:.0f}) | {r['peak_mib']:.1f} | "
               f"{r['extra_per_member_mib']:.2f} | **{r['extra_over_state']:.2f}** | {r['learn_cpu_s']:.3f} |")
+    if args.tensors:
+        print(f"\nlive tensors (profiler), 1 member: peak {t_one:.2f} MiB")
+        print("| path | members | tensor peak (MiB) | extra per member (MiB) | extra / member state |")
+        print("|---|---|---|---|---|")
+        for r in table:
+            print(f"| {r['path']} | {r['members']} | {r['tensor_peak_mib']:.2f} | {r['tensor_extra_per_member_mib']:.2f} | "
+                  f"**{r['tensor_extra_over_state']:.2f}** |")
 
 
 if __name__ == "__main__":

@@ -94,3 +94,47 @@ def test_completion_only_routed_and_reference(tiny, reference):
         assert torch.all(part[:, :start - 1] == 0)
         if grad and not reference:
             assert part.requires_grad
+
+
+def _learned(agent, experiences, learn):
+    learn(experiences)
+    return [p.detach().clone() for p in agent.shared.parameters(agent.adapter_name())]
+
+
+def test_grpo_learn_equals_full_logits(tiny, arithmetic_env, monkeypatch):
+    """Old, reference and gradient forwards from the completion on: the update is the full one's."""
+    import evollm.algorithms.grpo as grpo
+    from evollm.algorithms.grpo import GRPO
+
+    model, tok = tiny
+    pop = make_grpo(model, tok, n=2, lr=1e-2, batch_size=8, update_epochs=2, beta=0.1, learn_chunk_members=2)
+    _perturb(pop)
+    twins = [a.clone() for a in pop]
+    prompts = arithmetic_env.reset()
+    exps = [(*a.get_action(prompts), torch.rand(4, 4, generator=torch.Generator().manual_seed(i)))
+            for i, a in enumerate(pop)]
+    assert first_target(torch.cat(exps[0][1])) > 1  # the prompt is skipped
+    part = [_learned(pop[0], exps, lambda e: GRPO.learn_population(pop, e))] + \
+        [[p.detach().clone() for p in pop[1].shared.parameters(pop[1].adapter_name())]]
+    monkeypatch.setattr(grpo, "first_target", lambda mask: 0)
+    full = [_learned(twins[0], exps, lambda e: GRPO.learn_population(twins, e))] + \
+        [[p.detach().clone() for p in twins[1].shared.parameters(twins[1].adapter_name())]]
+    for ps, qs in zip(part, full):
+        for p, q in zip(ps, qs):
+            torch.testing.assert_close(p, q, atol=1e-5, rtol=1e-4)
+
+
+def test_reinforce_old_and_reference_from_the_first_action(monkeypatch):
+    import evollm.algorithms.reinforce as reinforce
+    from test_ppo_reinforce import LLMREINFORCE, episodes, make_agent
+
+    batch = episodes()
+    out = []
+    for patched in (False, True):
+        if patched:
+            monkeypatch.setattr(reinforce, "first_target", lambda mask: 0)
+        torch.manual_seed(0)
+        a = make_agent(LLMREINFORCE, beta=0.1, update_epochs=2, batch_size=2, lr=1e-2)
+        out.append(_learned(a, batch, a.learn))
+    for p, q in zip(*out):
+        torch.testing.assert_close(p, q, atol=1e-5, rtol=1e-4)
