@@ -6,7 +6,9 @@ Layout of ``save_agent(agent, path)``::
                              loadable with ``PeftModel.from_pretrained(base, path/adapter)``
     path/<role>/             further adapters (e.g. ``critic``), same format
     path/modules.safetensors extra trainable modules (e.g. a value head), if any
-    path/optimizer.safetensors + optimizer.json   optimizer state and param groups
+    path/optimizer.safetensors + optimizer.json   optimizer state and param groups (and the
+                             LoRA directions born by a rank growth that still take a fresh
+                             Adam's steps, see :func:`evollm.adapters.resize.track_fresh_directions`)
     path/agent.json          class, id, hyperparameters, hp_config, fitness, step counters and flags
     path/manifest.json       sha256 of every file, written last (see :mod:`evollm.atomic`)
 
@@ -27,6 +29,7 @@ import torch
 from peft import LoraConfig
 from safetensors.torch import load_file, save_file
 
+from .adapters.resize import FRESH_ATTR, track_fresh_directions
 from .atomic import CheckpointError, atomic_folder, verify
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -54,7 +57,11 @@ def read_adapter(directory: Path) -> tuple[LoraConfig, dict[str, torch.Tensor]]:
 
 def optimizer_to_safetensors(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict]:
     state = optimizer.state_dict()
-    tensors, scalars = {}, {}
+    tensors, scalars, born = {}, {}, {}
+    for pid, entries in (getattr(optimizer, FRESH_ATTR, None) or {}).items():
+        for j, (mask, step) in enumerate(entries):
+            tensors[f"{FRESH_PREFIX}{pid}.{j}"] = mask.to(torch.uint8).contiguous()
+            born.setdefault(str(pid), []).append(int(step))
     for pid, entry in state["state"].items():
         for key, value in entry.items():
             if torch.is_tensor(value):
@@ -62,12 +69,23 @@ def optimizer_to_safetensors(optimizer: torch.optim.Optimizer) -> tuple[dict[str
             else:
                 scalars[f"{pid}.{key}"] = value
     groups = [{k: (list(v) if isinstance(v, tuple) else v) for k, v in g.items()} for g in state["param_groups"]]
-    return tensors, {"param_groups": groups, "scalars": scalars}
+    return tensors, {"param_groups": groups, "scalars": scalars, "fresh_directions": born}
+
+
+FRESH_PREFIX = "fresh_direction."
+
+
+def fresh_from_safetensors(tensors: dict[str, torch.Tensor], meta: dict) -> dict[int, list]:
+    """The rank-growth tracking saved by :func:`optimizer_to_safetensors`: position -> [(mask, birth step)]."""
+    return {int(pid): [(tensors[f"{FRESH_PREFIX}{pid}.{j}"].bool(), int(step)) for j, step in enumerate(steps)]
+            for pid, steps in meta.get("fresh_directions", {}).items()}
 
 
 def optimizer_from_safetensors(tensors: dict[str, torch.Tensor], meta: dict) -> dict:
     state: dict[int, dict] = {}
     for name, value in tensors.items():
+        if name.startswith(FRESH_PREFIX):
+            continue
         pid, key = name.split(".", 1)
         state.setdefault(int(pid), {})[key] = value
     for name, value in meta.get("scalars", {}).items():
@@ -171,10 +189,11 @@ def load_agent(agent, path: str | Path, merge_lora_configs: bool = False, verify
     agent.scores = [s if s is not None else float("nan") for s in info["scores"]]
     agent.steps = int(info["steps"])
     agent.reinit_optimizers()
-    opt_state = optimizer_from_safetensors(load_file(str(path / "optimizer.safetensors")),
-                                           json.loads((path / "optimizer.json").read_text()))
+    tensors, meta = load_file(str(path / "optimizer.safetensors")), json.loads((path / "optimizer.json").read_text())
+    opt_state = optimizer_from_safetensors(tensors, meta)
     if _optimizer_shapes_match(agent.optimizer, opt_state):
         agent.optimizer.load_state_dict(opt_state)
+        track_fresh_directions(agent.optimizer, fresh_from_safetensors(tensors, meta))
     else:  # the adapter was resized while loading: moments no longer fit, start them afresh
         for group, saved in zip(agent.optimizer.param_groups, opt_state["param_groups"]):
             group["lr"] = saved["lr"]

@@ -65,15 +65,16 @@ class Population:
         self.births.append(Birth(agent.index, None, self.generation, step, hyperparameters=_hyperparameters(agent)))
 
     def record_mutations(self, agents: Sequence, step: int) -> None:
-        """Note mutations applied outside selection (e.g. a pre-training mutation of founders)."""
+        """Note mutations applied to living members outside selection (the elite under
+        ``mutate_elite``, a mutation of founders before training): each is a new lineage row of the
+        same member, its parent itself, so the row of its original birth is kept."""
         for agent in agents:
             m = getattr(agent, "last_mutation", None)
             if m is None or m.kind == "none":
                 continue
-            birth = self._birth(agent.index)
-            birth.mutation, birth.mutation_kind = m.name, m.kind
-            birth.old_value, birth.new_value = _jsonable(m.old), _jsonable(m.new)
-            birth.hyperparameters = _hyperparameters(agent)
+            self.births.append(Birth(agent.index, agent.index, self.generation, step, mutation=m.name or "none",
+                                     mutation_kind=m.kind, old_value=_jsonable(m.old), new_value=_jsonable(m.new),
+                                     hyperparameters=_hyperparameters(agent)))
 
     def record_evaluation(self, step: int, agents: Sequence, fitness: Sequence[float],
                           train_rewards: dict[int, float] | None = None, extra: dict[int, dict] | None = None) -> None:

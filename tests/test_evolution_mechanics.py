@@ -4,6 +4,7 @@ the evaluated best, PBT options, and the loss-variant presets against hand-compu
 import math
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 from conftest import make_grpo
@@ -217,9 +218,18 @@ def test_mutate_elite_option():
         pop = [Agent(i, full_config(), fitness=[f]) for i, f in enumerate((0.1, 0.9, 0.5))]
         before = dict(pop[1].hps)
         mutation = Mutations(no_mutation=0, rl_hp=1, mutate_elite=flag, rand_seed=0)
-        new, result = _evolve_once(pop, TournamentSelection(2, population_size=3, rand_seed=0), mutation,
-                                   Population(pop), 1)
+        record = Population(pop)
+        new, result = _evolve_once(pop, TournamentSelection(2, population_size=3, rand_seed=0), mutation, record, 1)
         assert result.elite is pop[1] and (pop[1].hps != before) == flag
+        rows = record.lineage()
+        elite_rows = rows[rows.member == 1]
+        # the founder row is kept; a mutated elite gets its own row (parent: itself) naming the change
+        assert pd.isna(elite_rows.iloc[0].parent)  # a founder
+        assert elite_rows.iloc[0].mutation == "none"
+        assert len(elite_rows) == (2 if flag else 1)
+        if flag:
+            last = elite_rows.iloc[-1]
+            assert last.parent == 1 and last.mutation != "none" and last.old_value != last.new_value
 
 
 # --- 4. loss presets against hand-computed losses -----------------------------------------------

@@ -149,6 +149,7 @@ def test_fused_population_update_equals_member_by_member(tiny, arithmetic_env):
     pop = make_grpo(model, tok, n=3, lr=1e-2, batch_size=8, update_epochs=2)
     pop[1].set_hyperparameter("beta", 0.1)
     pop[2].set_hyperparameter("clip_coef", 0.05)
+    pop[2].set_hyperparameter("temperature", 1.3)  # scored at its own temperature within the fused pass
     for i, a in enumerate(pop):
         with torch.no_grad():
             for p in a.shared.parameters(a.adapter_name()):
@@ -160,6 +161,7 @@ def test_fused_population_update_equals_member_by_member(tiny, arithmetic_env):
         ids, masks = a.get_action(prompts)
         experiences.append((ids, masks, torch.rand(4, 4, generator=torch.Generator().manual_seed(i))))
     fused = GRPO.learn_population(pop, experiences)
+    assert {m["learn_path"] for m in fused} == {"fused"}
     alone = [t.learn(e) for t, e in zip(twins, experiences)]
     for a, t, mf, ma in zip(pop, twins, fused, alone):
         for p, q in zip(a.shared.parameters(a.adapter_name()), t.shared.parameters(t.adapter_name())):

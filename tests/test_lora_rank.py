@@ -161,8 +161,8 @@ def _adam_reference(values, state, grads, group):
     return out
 
 
-@pytest.mark.parametrize("clone_first", [False, True])
-def test_grown_directions_step_like_a_fresh_adam(trained, clone_first):
+@pytest.mark.parametrize("clone_first", [False, True, "checkpoint"])
+def test_grown_directions_step_like_a_fresh_adam(trained, clone_first, tmp_path):
     """After a rank growth the new LoRA columns take the steps a fresh Adam would take, the old ones
     the steps their kept moments give; checked for three steps against torch's own AdamW."""
     agent, _, _ = trained
@@ -175,7 +175,10 @@ def test_grown_directions_step_like_a_fresh_adam(trained, clone_first):
     old_values, r = B.detach().clone(), agent.lora_rank
     agent.set_lora_rank(r + 4)
     position = [n for n, _ in agent.shared.named_parameters(agent.adapter_name())].index(name)
-    if clone_first:  # the clone carries the tracking over to its own optimizer
+    if clone_first == "checkpoint":  # a save + load (e.g. a resumed run) keeps the tracking
+        agent.save_checkpoint(tmp_path / "grown")
+        agent.load_checkpoint(tmp_path / "grown")
+    elif clone_first:  # the clone carries the tracking over to its own optimizer
         agent = agent.clone()
     B = list(agent.shared.parameters(agent.adapter_name()))[position]
     group = agent.optimizer.param_groups[0]

@@ -78,23 +78,28 @@ SETTINGS = [
 ]
 
 
-def check_population(members, batch, temperature=0.7, atol=1e-5):
+def check_population(members, batch, temperature=0.7, atol=1e-5, temperatures=None):
     shared = members[0].shared
     names = [m.adapter_name("actor") for m in members]
     n = len(members)
     pad = members[0].pad_token_id
     ids, mask = collate_prompts(batch, pad)
     sampling = members[0].sampling_config(True, 2)
+    if temperatures is not None:
+        sampling = SamplingConfig(sampling.max_new_tokens, 1.0, num_return_sequences=2)
     torch.manual_seed(0)
     seqs, scores = generate_for_members(members, ids.repeat(n, 1), mask.repeat(n, 1), [ids.shape[0]] * n, sampling,
-                                        pad, members[0].eos_token_ids, return_scores=True)
+                                        pad, members[0].eos_token_ids, return_scores=True, temperatures=temperatures)
+    if temperatures is not None:
+        temperature = temperatures
     attn = sequence_attention_mask(seqs, mask.repeat(n, 1))
     rows = seqs.shape[0] // n
     # routed population forward == each member's own forward (no grad, and with grad: the loss path)
     for grad in (False, True):
         joint = member_logprobs(shared, names, seqs, attn, rows, grad, temperature=temperature)
         own = torch.cat([member_logprobs(shared, [nm], seqs[i * rows:(i + 1) * rows], attn[i * rows:(i + 1) * rows],
-                                         rows, grad, temperature=temperature) for i, nm in enumerate(names)])
+                                         rows, grad, temperature=temperature if temperatures is None else
+                                         temperatures[i]) for i, nm in enumerate(names)])
         assert torch.allclose(joint.detach(), own.detach(), atol=atol), (grad, (joint - own).abs().max())
     # the log-probs the loss uses == those of the distribution each token was drawn from
     p = ids.shape[1]
@@ -112,6 +117,37 @@ def test_routed_equals_own_and_loss_equals_sampled(arch, setting):
     configs = dict(SETTINGS)[setting]
     members = members_for(tiny_base(arch, dropout=0.1), configs)
     check_population(members, prompts())
+
+
+@pytest.mark.parametrize("setting", ["plain", "ranks_differ", "dora"])
+def test_members_with_different_temperatures_share_one_generate_and_score_their_own(setting, monkeypatch):
+    """Temperature is mutable: members that differ only in it are sampled in ONE generate call (each
+    row at its member's temperature) and the loss scores each row at that same temperature."""
+    from evollm.rollout import population
+    temps = [0.6, 1.0, 1.4][:len(dict(SETTINGS)[setting])]
+    members = members_for(tiny_base(), dict(SETTINGS)[setting])
+    for m, t in zip(members, temps):
+        m.set_hyperparameter("temperature", t)
+    groups = population.sampling_groups(members, True, lambda a: 2)
+    assert len(groups) == 1
+    ((_, sampling, _, _), group), = groups.items()
+    assert population.member_temperatures(group, sampling) == temps
+    assert len(population.sampling_groups(members, False, lambda a: 1)) == 1  # greedy ignores temperature
+    calls = []
+    real = population.generate
+    monkeypatch.setattr(population, "generate", lambda *a, **k: calls.append(k) or real(*a, **k))
+    check_population(members, prompts(), temperatures=temps)
+    assert len(calls) == (1 if setting != "dora" else len(members))  # DoRA runs member by member
+
+
+def test_row_temperature_needs_plain_sampling():
+    (m,) = members_for(tiny_base(), [lora()])
+    ids, mask = collate_prompts(prompts(2), PAD)
+    sampling = SamplingConfig(max_new_tokens=2, top_k=5, num_return_sequences=2)
+    with pytest.raises(ValueError, match="row_temperatures"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with m.shared.use(m.adapter_name("actor")) as net:
+            generate(net, ids, mask, sampling, PAD, EOS, row_temperatures=torch.ones(2))
 
 
 def test_sampled_distribution_is_softmax_over_temperature_despite_model_generation_config():

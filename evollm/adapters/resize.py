@@ -14,7 +14,8 @@
   ``1 - beta^k``, and their first steps 2-4x the learning rate. A step hook
   (:func:`track_fresh_directions`) therefore corrects the new entries after
   every optimizer step to exactly what a fresh Adam would have done with its own
-  count ``k``; the old entries are untouched. On shrink the basis changes, so
+  count ``k``; the old entries are untouched. The tracking travels with clones
+  and with checkpoints (``optimizer.safetensors``), so a resumed run keeps it. On shrink the basis changes, so
   the moments of the resized tensors are reset (a fresh Adam for the whole
   tensor). Learning rates and other param-group settings are kept in both cases.
 """

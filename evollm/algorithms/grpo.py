@@ -181,7 +181,7 @@ class GRPO(LLMAgent):
         groups: dict[tuple, list[int]] = {}
         for i, agent in enumerate(agents):
             c = agent.config
-            groups.setdefault((id(agent.shared), c.update_epochs, c.batch_size, c.temperature, c.logprob_chunk_rows,
+            groups.setdefault((id(agent.shared), c.update_epochs, c.batch_size, c.logprob_chunk_rows,
                                c.logits_budget_mb, c.learn_chunk_members, agent.pad_token_id, c.disable_dropout),
                               []).append(i)
         for members in groups.values():
@@ -259,8 +259,8 @@ def _joint_logprobs(agents, seqs, attn, rows_each: int, grad: bool, reference: b
     before it)."""
     a0, c = agents[0], agents[0].config
     return member_logprobs(a0.shared, [a.adapter_name("actor") for a in agents], seqs, attn, rows_each, grad,
-                           reference, c.temperature, c.logprob_chunk_rows, c.logits_budget_mb, c.disable_dropout,
-                           start=start)
+                           reference, [a.config.temperature for a in agents], c.logprob_chunk_rows, c.logits_budget_mb,
+                           c.disable_dropout, start=start)
 
 
 def activation_bytes_per_token(model, logits: bool = True) -> float:
@@ -371,9 +371,10 @@ def grpo_update(agents: Sequence[GRPO], experiences: Sequence) -> list[dict[str,
                                    rows_total, False, start=start)
             for b, old in zip(bs, olds.split(rows_total)):
                 b.old = old
+        ref_agents = [a for a in ags if a.config.beta > 0]
         with_ref = [b for a, b in zip(ags, bs) if a.config.beta > 0]
         if with_ref:
-            refs = _joint_logprobs(ags, torch.cat([b.seqs for b in with_ref]), torch.cat([b.attn for b in with_ref]),
+            refs = _joint_logprobs(ref_agents, torch.cat([b.seqs for b in with_ref]), torch.cat([b.attn for b in with_ref]),
                                    rows_total, False, reference=True, start=min(first_target(b.mask) for b in with_ref))
             for b, ref in zip(with_ref, refs.split(rows_total)):
                 b.ref = ref

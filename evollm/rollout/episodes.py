@@ -19,7 +19,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from .population import generate_for_members, rollout_masks, sampling_groups
+from .population import generate_for_members, member_temperatures, rollout_masks, sampling_groups
 from .sampling import generate
 from .tokens import action_mask_for, collate_prompts, stack_rows
 
@@ -109,7 +109,8 @@ def population_generate_fn(owners: Sequence, training: bool) -> GenerateFn:
             blocks = [[j for j, i in enumerate(active) if owners[i] is m] for m in group]  # rows per member
             rows = [j for block in blocks for j in block]
             ids, mask = collate_prompts([prompts[j] for j in rows], pad_id)
-            seqs = generate_for_members(group, ids, mask, [len(b) for b in blocks], sampling, pad_id, eos_id)
+            seqs = generate_for_members(group, ids, mask, [len(b) for b in blocks], sampling, pad_id, eos_id,
+                                        temperatures=member_temperatures(group, sampling))
             done = completions(seqs, ids.shape[1], rollout_masks(group, seqs, ids.shape[1], sampling, eos_id))
             for k, j in enumerate(rows):
                 out[j] = done[k]

@@ -17,9 +17,10 @@ from .tokens import position_ids_from_mask
 
 
 def forward_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                     temperature: float = 1.0, chunk_rows: int | None = None, with_entropy: bool = False,
-                     logits_budget_mb: float = 256.0, start: int | None = None):
-    """Per-token log-probs ``[B, L-1]`` of ``input_ids[:, 1:]`` under ``model``.
+                     temperature: float | torch.Tensor = 1.0, chunk_rows: int | None = None,
+                     with_entropy: bool = False, logits_budget_mb: float = 256.0, start: int | None = None):
+    """Per-token log-probs ``[B, L-1]`` of ``input_ids[:, 1:]`` under ``model`` at ``temperature``
+    (a float, or a ``[B]`` tensor: each row's own).
 
     ``start``: the first target position that matters (e.g. the prompt length, where the completion
     begins; :func:`first_target` reads it off an action mask). The output head and log-softmax then run
@@ -47,7 +48,9 @@ def forward_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tenso
         am = attention_mask[row:row + chunk_rows].to(device)
         logits = model(input_ids=ids, attention_mask=am, position_ids=position_ids_from_mask(am),
                        use_cache=False, **extra).logits[:, -keep:-1]
-        if temperature != 1.0:
+        if isinstance(temperature, torch.Tensor):
+            logits = logits / temperature[row:row + chunk_rows].to(logits.device, logits.dtype).view(-1, 1, 1)
+        elif temperature != 1.0:
             logits = logits / temperature
         outs.append(token_logprobs(logits, ids[:, first + 1:]))
         if with_entropy:
@@ -121,16 +124,22 @@ def loss_forward(shared, name: str, grad: bool = True, disable_dropout: bool = T
 
 
 def member_logprobs(shared, names: Sequence[str], seqs: torch.Tensor, attn: torch.Tensor, rows_each: int,
-                    grad: bool, reference: bool = False, temperature: float = 1.0, chunk_rows: int | None = None,
-                    logits_budget_mb: float = 256.0, disable_dropout: bool = True,
-                    start: int | None = None) -> torch.Tensor:
+                    grad: bool, reference: bool = False, temperature: float | Sequence[float] = 1.0,
+                    chunk_rows: int | None = None, logits_budget_mb: float = 256.0,
+                    disable_dropout: bool = True, start: int | None = None) -> torch.Tensor:
     """Log-probs of concatenated row blocks, block ``i`` (``rows_each`` rows) under adapter ``names[i]``
     of ``shared`` (or, with ``reference``, all of them under the base alone), with dropout off unless
-    ``disable_dropout`` is False (see :func:`loss_forward`); ``start`` as in :func:`forward_logprobs`.
+    ``disable_dropout`` is False (see :func:`loss_forward`). ``temperature`` is one value or one per
+    block (each member scores at its own sampling temperature); ``start`` as in :func:`forward_logprobs`.
 
     Several members run as ONE routed forward when their adapters are routed exactly and dropout
     is off; otherwise (DoRA, or dropout on) each block runs through PEFT's own forward in turn.
     ``chunk_rows`` applies to a single member or the reference."""
+    temps = [float(temperature)] * len(names) if isinstance(temperature, (int, float)) else [float(t) for t in temperature]
+    if len(set(temps)) == 1:
+        temperature = temps[0]
+    else:
+        temperature = torch.tensor(temps).repeat_interleave(rows_each)
     if reference:
         with torch.set_grad_enabled(grad), shared.reference() as model:
             return forward_logprobs(model, seqs, attn, temperature, chunk_rows, logits_budget_mb=logits_budget_mb,
@@ -140,7 +149,7 @@ def member_logprobs(shared, names: Sequence[str], seqs: torch.Tensor, attn: torc
         for i, name in enumerate(names):
             rows = slice(i * rows_each, (i + 1) * rows_each)
             with torch.set_grad_enabled(grad), loss_forward(shared, name, grad, disable_dropout, True) as model:
-                out.append(forward_logprobs(model, seqs[rows], attn[rows], temperature, chunk_rows,
+                out.append(forward_logprobs(model, seqs[rows], attn[rows], temps[i], chunk_rows,
                                             logits_budget_mb=logits_budget_mb, start=start))
         if grad:  # selecting the next member froze the previous one's tensors in PEFT; the backward needs them
             for name in names:

@@ -13,24 +13,41 @@ forward; otherwise (DoRA) each member's rows run through PEFT's own layers, one 
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import replace
 from typing import Callable, Sequence
 
 import torch
 
 from ..adapters.routing import ROUTED, batch_path, routed
-from .sampling import SamplingConfig, generate, stop_string_ends
+from .sampling import SamplingConfig, generate, shares_rows, stop_string_ends
 from .vllm_engine import engine_of
 from .tokens import Rollout, action_mask_for, collate_prompts, sequence_attention_mask
 
 
 def sampling_groups(agents: Sequence, training: bool, group_size_of: Callable[[object], int]) -> dict:
     """Members that can share one generate call: same base, same sampling settings, same pad/eos.
-    Keys are ``(id(shared), sampling, pad_token_id, eos_token_id)``."""
+    Keys are ``(id(shared), sampling, pad_token_id, eos_token_id)``.
+
+    Temperature does not split a group: greedy decoding ignores it, and plain sampling on the HF
+    backend applies each member's own temperature row by row (:func:`member_temperatures`). In those
+    cases the key's ``sampling.temperature`` is 1.0 and the members' own values are passed to
+    :func:`generate_for_members` as ``temperatures``."""
     groups = defaultdict(list)
     for agent in agents:
         sampling = agent.sampling_config(training, group_size_of(agent))
+        if not sampling.do_sample or (shares_rows(sampling) and engine_of(agent.shared) is None):
+            sampling = replace(sampling, temperature=1.0)
         groups[(id(agent.shared), sampling, agent.pad_token_id, member_eos_ids(agent))].append(agent)
     return groups
+
+
+def member_temperatures(members: Sequence, sampling: SamplingConfig) -> list[float] | None:
+    """Each member's own sampling temperature, for a group keyed by :func:`sampling_groups` (None where
+    the key's settings already hold the temperature: greedy, or an engine / opt-in processor group)."""
+    if not sampling.do_sample or sampling.temperature != 1.0 or not shares_rows(sampling) \
+            or engine_of(members[0].shared) is not None:
+        return None
+    return [float(m.sampling_config(True, 1).temperature) for m in members]
 
 
 def member_eos_ids(agent) -> tuple[int, ...]:
@@ -43,27 +60,37 @@ def member_eos_ids(agent) -> tuple[int, ...]:
 
 def generate_for_members(members: Sequence, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                          counts: Sequence[int], sampling: SamplingConfig, pad_token_id: int,
-                         eos_token_id, return_scores: bool = False):
+                         eos_token_id, return_scores: bool = False, temperatures: Sequence[float] | None = None):
     """One ``generate`` where the prompt rows come in contiguous blocks, ``counts[i]`` rows for
     ``members[i]`` (all on one shared base, equal sampling settings). Returns prompt + completion ids,
     ``num_return_sequences`` consecutive rows per prompt row (and, with ``return_scores``, the
-    log-probs of the sampled distributions, see :func:`~evollm.rollout.sampling.generate`)."""
+    log-probs of the sampled distributions, see :func:`~evollm.rollout.sampling.generate`).
+    ``temperatures`` (one per member) replace ``sampling.temperature``: each member's rows are
+    sampled at its own temperature, still in one call."""
     shared = members[0].shared
     tokenizer = getattr(members[0], "tokenizer", None)
     names = [m.adapter_name("actor") for m in members]
-    args = (sampling, pad_token_id, eos_token_id)
     kw = dict(tokenizer=tokenizer, return_scores=return_scores)
+    own = [sampling] * len(members)
+    if temperatures is not None:
+        own = [replace(sampling, temperature=float(t)) for t in temperatures]
+        if len(set(temperatures)) == 1:
+            sampling = own[0]
+        else:
+            kw["row_temperatures"] = torch.tensor([float(t) for t, n in zip(temperatures, counts) for _ in range(n)])
     if len(members) == 1:
+        kw.pop("row_temperatures", None)
         with shared.use(names[0]) as model:
-            return generate(model, input_ids, attention_mask, *args, **kw)
+            return generate(model, input_ids, attention_mask, own[0], pad_token_id, eos_token_id, **kw)
     if batch_path(shared, names) == ROUTED:
         with routed(shared, names, counts) as model:
-            return generate(model, input_ids, attention_mask, *args, **kw)
+            return generate(model, input_ids, attention_mask, sampling, pad_token_id, eos_token_id, **kw)
+    kw.pop("row_temperatures", None)
     outs, start = [], 0  # PEFT's own forward, one member at a time
-    for name, count in zip(names, counts):
+    for name, count, member_sampling in zip(names, counts, own):
         with shared.use(name) as model:
-            outs.append(generate(model, input_ids[start:start + count], attention_mask[start:start + count], *args,
-                                 **kw))
+            outs.append(generate(model, input_ids[start:start + count], attention_mask[start:start + count],
+                                 member_sampling, pad_token_id, eos_token_id, **kw))
         start += count
     if return_scores:
         width = max(o[1].shape[1] for o in outs)
@@ -103,7 +130,8 @@ def generate_population(agents: Sequence, prompts: Sequence[dict], training: boo
         if engine is not None:
             jobs[id(engine)].append((engine, job, mask))
         else:
-            _split(out, job, generate_for_members(*job), None, mask)
+            _split(out, job, generate_for_members(*job, temperatures=member_temperatures(members, sampling)), None,
+                   mask)
     for items in jobs.values():
         results = items[0][0].generate_jobs([job for _, job, _ in items])
         for (_, job, mask), (seqs, sampler_logp) in zip(items, results):

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 import torch
-from transformers import GenerationConfig, StopStringCriteria
+from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList, StopStringCriteria
 
 from .tokens import position_ids_from_mask
 
@@ -81,6 +81,27 @@ class SamplingConfig:
             kw["stop_strings"] = list(self.stop_strings)
         kw.update({k: _thawed(v) for k, v in self.extra})
         return GenerationConfig(**kw)
+
+
+class RowTemperature(LogitsProcessor):
+    """Divides each row's logits by that row's own temperature, so members that differ only in
+    temperature share one ``generate`` call (each row still samples ``softmax(logits / T_row)``)."""
+
+    def __init__(self, temperatures: torch.Tensor):
+        self.temperatures = temperatures.float()
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        t = self.temperatures.to(scores.device)
+        if t.shape[0] != scores.shape[0]:
+            raise ValueError(f"{t.shape[0]} row temperatures for {scores.shape[0]} rows")
+        return scores / t.to(scores.dtype).unsqueeze(1)
+
+
+def shares_rows(sampling: SamplingConfig) -> bool:
+    """Whether members with this setting may share a ``generate`` call with members whose temperature
+    differs (per-row temperature): only when temperature is the one transform of the logits (no top-k,
+    top-p or other opt-in processors, whose order relative to the temperature would matter)."""
+    return sampling.do_sample and not sampling.unmodelled()
 
 
 def _thawed(value):
@@ -150,7 +171,7 @@ def prefill_pays(model, rows: int, prompt_len: int, reps: int) -> bool:
 @torch.no_grad()
 def generate(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, sampling: SamplingConfig,
              pad_token_id: int, eos_token_id: int | Sequence[int] | None, share_prefix: bool | None = None,
-             tokenizer=None, return_scores: bool = False):
+             tokenizer=None, return_scores: bool = False, row_temperatures: torch.Tensor | None = None):
     """One ``generate`` call; returns prompt + completion ids ``[rows * num_return_sequences, L]``
     (``L = prompt + max_new_tokens``, padded with ``pad_token_id`` after a row ends).
 
@@ -159,7 +180,8 @@ def generate(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, sampl
     ONCE per prompt and its KV cache repeated for the samples (``share_prefix``); by default (``None``)
     only where that pays (:func:`prefill_pays`); the samples are the same either way. With
     ``return_scores`` also returns the log-probs ``[rows, new_tokens, V]`` of the distribution each
-    token was drawn from (for checks and importance corrections).
+    token was drawn from (for checks and importance corrections). ``row_temperatures`` (one per input
+    row) replaces ``sampling.temperature`` row by row (see :func:`shares_rows`).
     """
     if sampling.stop_strings and tokenizer is None:
         raise ValueError("stop_strings need a tokenizer; pass tokenizer= to the member")
@@ -173,6 +195,12 @@ def generate(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, sampl
         kwargs["tokenizer"] = tokenizer
     if return_scores:
         config.output_scores = config.return_dict_in_generate = True
+    if row_temperatures is not None:
+        if not shares_rows(sampling):
+            raise ValueError("row_temperatures need plain sampling (no top_k, top_p or extra generation settings)")
+        config.temperature = 1.0  # no TemperatureLogitsWarper: RowTemperature applies each row's own
+        kwargs["logits_processor"] = LogitsProcessorList(
+            [RowTemperature(torch.as_tensor(row_temperatures, dtype=torch.float32).repeat_interleave(reps))])
     if share_prefix is None:
         share_prefix = prefill_pays(model, ids.shape[0], ids.shape[1], reps)
     rows_ids, rows_mask = ids.repeat_interleave(reps, 0), mask.repeat_interleave(reps, 0)
