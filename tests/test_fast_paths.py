@@ -187,10 +187,12 @@ def test_member_chunks_follow_the_memory_budget(tiny, monkeypatch):
     assert member_chunks(pop, 16, 20) == [[i] for i in range(8)]
 
 
-def test_default_fuses_only_while_activations_are_small_against_the_state(tiny):
+def test_default_fuses_only_while_activations_are_small_against_the_state(tiny, monkeypatch):
+    import evollm.algorithms.grpo as grpo
     from evollm.algorithms.grpo import FUSE_MAX_ACTIVATION_OVER_STATE, activation_bytes_per_token, member_chunks, \
         member_state_bytes
 
+    monkeypatch.setattr(grpo, "FUSE_SMALL_ACTIVATION_MB", 0.0)
     model, tok = tiny
     pop = make_grpo(model, tok, n=4)
     state = member_state_bytes(pop[0])
@@ -200,6 +202,8 @@ def test_default_fuses_only_while_activations_are_small_against_the_state(tiny):
     big = int(FUSE_MAX_ACTIVATION_OVER_STATE * state / per_token) + 1  # tokens per member over the limit
     assert member_chunks(pop, big, 1) == [[0], [1], [2], [3]]
     assert member_chunks(pop, max(1, big // 2 - 1), 1) == [[0, 1, 2, 3]]
+    monkeypatch.setattr(grpo, "FUSE_SMALL_ACTIVATION_MB", 1.01 * big * per_token / 2**20)  # small in absolute terms
+    assert member_chunks(pop, big, 1) == [[0, 1, 2, 3]]
     for a in pop:
         a.config.learn_chunk_members = 2  # the override wins
     assert member_chunks(pop, big, 1) == [[0, 1], [2, 3]]
@@ -214,3 +218,17 @@ def test_prefill_only_where_it_pays(tiny):
     assert prefill_pays(model, rows=saved, prompt_len=2, reps=2)
     assert not prefill_pays(model, rows=max(1, saved // 4), prompt_len=2, reps=2)
     assert not prefill_pays(model, rows=10**6, prompt_len=30, reps=1)
+
+
+def test_checkpointing_check_follows_enable_and_disable(tiny):
+    """The flagged layers are found once; turning checkpointing on or off later is still seen."""
+    from evollm.adapters.shared import checkpointing
+
+    model, tok = tiny
+    base = make_grpo(model, tok, n=2)[0].shared.model
+    assert not checkpointing(base) and not checkpointing(base.get_base_model())
+    base.get_base_model().gradient_checkpointing_enable()
+    assert checkpointing(base) and checkpointing(base.get_base_model())
+    assert checkpointing(base) == base.get_base_model().is_activation_checkpointing
+    base.get_base_model().gradient_checkpointing_disable()
+    assert not checkpointing(base)

@@ -280,8 +280,12 @@ def activation_bytes_per_token(model, logits: bool = True) -> float:
 #: the default fused learn joins members in one pass only while one member's activations stay within
 #: this fraction of its persistent state (adapter + Adam moments), so each extra member costs at most
 #: ~1.5x its state at peak; above it (the usual case for LoRA) members learn one by one, which measured
-#: as fast on CPU (see benchmarks/README.md). ``learn_chunk_members`` overrides it.
+#: as fast on CPU from ~8M parameters on (see benchmarks/README.md). ``learn_chunk_members`` overrides it.
 FUSE_MAX_ACTIVATION_OVER_STATE = 0.5
+#: ... or while they stay below this many MiB: such passes are bound by per-call overhead, where one
+#: fused pass measured 1.4x faster than member by member (1M-parameter model, ~10 MiB per member), and
+#: the memory they add is small in absolute terms
+FUSE_SMALL_ACTIVATION_MB = 16.0
 
 
 def member_state_bytes(agent) -> int:
@@ -300,8 +304,9 @@ def member_chunks(agents, rows_each: int, width: int, logit_width: int | None = 
 
     ``learn_chunk_members`` when set (capped by ``logprob_chunk_rows``); by default members fuse only
     while a member's estimated activations are at most :data:`FUSE_MAX_ACTIVATION_OVER_STATE` of its
-    persistent state, and then as many as fit ``logits_budget_mb``; otherwise one by one. So the learn's
-    peak memory does not grow with the population beyond each member's own state."""
+    persistent state or below :data:`FUSE_SMALL_ACTIVATION_MB`, and then as many as fit
+    ``logits_budget_mb``; otherwise one by one. So beyond small models the learn's peak memory does not
+    grow with the population beyond each member's own state."""
     c = agents[0].config
     n = len(agents)
     if n == 1:
@@ -314,7 +319,8 @@ def member_chunks(agents, rows_each: int, width: int, logit_width: int | None = 
                               + logit_width * (activation_bytes_per_token(model) - activation_bytes_per_token(model, False)))
     if c.learn_chunk_members:
         k = c.learn_chunk_members
-    elif per_member <= FUSE_MAX_ACTIVATION_OVER_STATE * member_state_bytes(agents[0]):
+    elif (per_member <= FUSE_SMALL_ACTIVATION_MB * 2**20
+          or per_member <= FUSE_MAX_ACTIVATION_OVER_STATE * member_state_bytes(agents[0])):
         k = max(1, int(c.logits_budget_mb * 2**20 // per_member))
     else:
         k = 1
