@@ -42,6 +42,29 @@ def forward_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tenso
         row_bytes = 4 * keep * vocab
         chunk_rows = max(1, int(logits_budget_mb * 2**20 // row_bytes))
     extra = {"logits_to_keep": keep} if first and _takes_logits_to_keep(model) else {}
+    with _contiguous_head_input(model, bool(extra)):
+        return _forward_rows(model, input_ids, attention_mask, temperature, chunk_rows, with_entropy, device, first, keep,
+                             extra)
+
+
+@contextlib.contextmanager
+def _contiguous_head_input(model, active: bool):
+    """While ``active``, the output head gets a contiguous input: ``logits_to_keep`` hands it a slice of the
+    hidden states, on which a CPU matmul with a 49k-row head measured 3x slower (forward and backward)."""
+    head = model.get_output_embeddings() if active else None
+    handle = head.register_forward_pre_hook(_make_contiguous) if head is not None else None
+    try:
+        yield
+    finally:
+        if handle is not None:
+            handle.remove()
+
+
+def _make_contiguous(module, args):
+    return (args[0].contiguous(), *args[1:]) if args and not args[0].is_contiguous() else None
+
+
+def _forward_rows(model, input_ids, attention_mask, temperature, chunk_rows, with_entropy, device, first, keep, extra):
     outs, ents = [], []
     for row in range(0, input_ids.shape[0], chunk_rows):
         ids = input_ids[row:row + chunk_rows].to(device)
