@@ -58,7 +58,9 @@ class AgentConfig:
     max_model_len: int | None = None
     logprob_chunk_rows: int | None = None  # None: as many rows as fit logits_budget_mb
     logits_budget_mb: float = 256.0  # memory one forward's logits (and a fused learn pass's activations) may take
-    learn_chunk_members: int | None = None  # members per fused learn pass; None: as many as fit logits_budget_mb
+    #: members per fused learn pass; None: one by one, unless a member's activations are small (below half its
+    #: adapter + Adam state, or < 16 MiB), then as many as fit logits_budget_mb (see grpo.member_chunks)
+    learn_chunk_members: int | None = None
     weight_decay: float = 0.0
     seed: int = 42
     stop_strings: tuple[str, ...] = ()
