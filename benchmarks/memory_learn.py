@@ -1,7 +1,8 @@
 """Peak memory per member of the population learn step: fused (one routed pass), member by member,
-and the default (members grouped to the memory budget), with the CPU time of the step.
+and the default (members fuse only while their activations are small against their state, see
+``evollm.algorithms.grpo.member_chunks``), with the CPU time of the step.
 
-    python benchmarks/memory_learn.py --sizes 1 2 4 8
+    python benchmarks/memory_learn.py --sizes 1 2 4 8 [--tensors]
 
 Each (path, population size) runs in a fresh subprocess: build a Llama from a config (default
 23.0 M parameters: hidden 384, 6 layers, vocabulary 32000), N members with LoRA r=8 on the 7
@@ -9,6 +10,13 @@ projections, one learn step on 4 prompts x group 4 (10 prompt + 8 completion tok
 state exists, then reset the peak RSS (``/proc/self/clear_refs``) and take a second learn step.
 "Extra peak per member" is ``(peak(N) - peak(1)) / (N - 1)``; the target is at most 1.5x the
 member's persistent state (adapter + Adam moments).
+
+RSS also holds what the C allocator keeps after ``free`` (glibc raises its mmap threshold after large
+frees and then serves big tensors from a heap it does not give back); run with e.g.
+``MALLOC_MMAP_THRESHOLD_=131072`` in the environment to keep large tensors on mmap (the setting is
+recorded in the JSON). ``--tensors`` also measures the peak of live tensor bytes with the torch
+profiler's memory timeline (by category: parameters, optimizer state, activations, gradients, ...),
+which no allocator behaviour affects; the profiler's own memory inflates RSS in that mode.
 """
 
 from __future__ import annotations
@@ -71,14 +79,36 @@ def worker(n: int, path: str, args) -> dict:
     Path(f"/proc/{os.getpid()}/clear_refs").write_text("5")
     before = peak_kib()
     cpu = time.thread_time()
-    metrics = GRPO.learn_population(pop, exps) if n > 1 else [pop[0].learn(exps[0])]
+    if args.tensors:  # tensor-level accounting instead of RSS (slower: the profiler records every op)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True,
+                                    record_shapes=True, with_stack=True) as prof:
+            metrics = GRPO.learn_population(pop, exps) if n > 1 else [pop[0].learn(exps[0])]
+    else:
+        metrics = GRPO.learn_population(pop, exps) if n > 1 else [pop[0].learn(exps[0])]
     cpu = time.thread_time() - cpu
+    tensors = tensor_peak(prof) if args.tensors else {}
     params = pop[0].shared.parameters(pop[0].adapter_name())
     adapter = sum(p.numel() * p.element_size() for p in params)
     return {"members": n, "path": path, "peak_mib": peak_kib() / 1024, "rss_before_mib": before / 1024,
             "learn_cpu_s": cpu, "member_state_mib": 3 * adapter / 2**20,
             "learn_path": metrics[0]["learn_path"], "learn_chunks": metrics[0]["learn_chunks"],
-            "base_params": sum(p.numel() for p in pop[0].shared.base_parameters())}
+            "base_params": sum(p.numel() for p in pop[0].shared.base_parameters()), **tensors}
+
+
+def tensor_peak(prof) -> dict:
+    """Peak of the bytes held by live CPU tensors during the profiled step (the profiler's memory
+    timeline: every allocation and free of the c10 allocator, categorised), with the categories at
+    that peak and at the start; allocator caching and fragmentation (which RSS sees) are not in it."""
+    from torch.profiler._memory_profiler import _CATEGORY_TO_INDEX, MemoryProfile, MemoryProfileTimeline
+
+    timeline = MemoryProfileTimeline(MemoryProfile(prof.profiler.kineto_results))
+    _, sizes = timeline._coalesce_timeline("cpu")
+    totals = [sum(s) for s in sizes]
+    at = max(range(len(totals)), key=totals.__getitem__)
+    names = {i + 1: (c.name.lower() if c is not None else "unknown") for c, i in _CATEGORY_TO_INDEX.items()}
+    return {"tensor_peak_mib": totals[at] / 2**20, "tensor_start_mib": totals[0] / 2**20,
+            "tensor_at_peak_mib": {names[i]: sizes[at][i] / 2**20 for i in names},
+            "tensor_at_start_mib": {names[i]: sizes[0][i] / 2**20 for i in names}}
 
 
 def main() -> None:
@@ -92,6 +122,8 @@ def main() -> None:
     ap.add_argument("--rank", type=int, default=8)
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--tensors", action="store_true",
+                    help="also account live tensor bytes with the torch profiler's memory timeline")
     ap.add_argument("--out", default=str(RESULTS / "memory_learn.json"))
     ap.add_argument("--worker", nargs=2, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -99,6 +131,7 @@ def main() -> None:
         print(json.dumps(worker(int(args.worker[0]), args.worker[1], args)))
         return
     passthrough = [f"--{k}={getattr(args, k)}" for k in ("layers", "hidden", "intermediate", "vocab", "rank", "threads")]
+    passthrough += ["--tensors"] if args.tensors else []
     runs = []
     for _ in range(args.repeats):
         for n in args.sizes:
@@ -109,6 +142,7 @@ def main() -> None:
                                      capture_output=True, text=True, check=True, cwd=ROOT)
                 runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
     one = statistics.median(r["peak_mib"] for r in runs if r["members"] == 1)
+    t_one = 0.0
     one_cpu = statistics.median(r["learn_cpu_s"] for r in runs if r["members"] == 1)
     state = runs[0]["member_state_mib"]
     table = []
@@ -119,11 +153,17 @@ def main() -> None:
             rs = [r for r in runs if r["members"] == n and r["path"] == path]
             peak = statistics.median(r["peak_mib"] for r in rs)
             extra = (peak - one) / (n - 1)
-            table.append({"path": path, "members": n, "learn_path": rs[0]["learn_path"],
-                          "learn_chunks": rs[0]["learn_chunks"], "peak_mib": peak, "extra_per_member_mib": extra,
-                          "extra_over_state": extra / state,
-                          "learn_cpu_s": statistics.median(r["learn_cpu_s"] for r in rs)})
-    result = {"settings": vars(args), "load_average": list(os.getloadavg()), "member_state_mib": state,
+            row = {"path": path, "members": n, "learn_path": rs[0]["learn_path"],
+                   "learn_chunks": rs[0]["learn_chunks"], "peak_mib": peak, "extra_per_member_mib": extra,
+                   "extra_over_state": extra / state, "learn_cpu_s": statistics.median(r["learn_cpu_s"] for r in rs)}
+            if args.tensors:
+                t_one = statistics.median(r["tensor_peak_mib"] for r in runs if r["members"] == 1)
+                t_extra = (statistics.median(r["tensor_peak_mib"] for r in rs) - t_one) / (n - 1)
+                row.update(tensor_peak_mib=statistics.median(r["tensor_peak_mib"] for r in rs),
+                           tensor_extra_per_member_mib=t_extra, tensor_extra_over_state=t_extra / state)
+            table.append(row)
+    result = {"settings": vars(args), "load_average": list(os.getloadavg()),
+              "malloc_env": {k: v for k, v in os.environ.items() if k.startswith("MALLOC_")}, "member_state_mib": state,
               "peak_one_member_mib": one, "learn_cpu_one_member_s": one_cpu,
               "base_params": runs[0]["base_params"], "table": table, "runs": runs}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
@@ -136,6 +176,13 @@ def main() -> None:
     for r in table:
         print(f"| {r['path']} | {r['members']} | {r['learn_path']} ({r['learn_chunks']:.0f}) | {r['peak_mib']:.1f} | "
               f"{r['extra_per_member_mib']:.2f} | **{r['extra_over_state']:.2f}** | {r['learn_cpu_s']:.3f} |")
+    if args.tensors:
+        print(f"\nlive tensors (profiler), 1 member: peak {t_one:.2f} MiB")
+        print("| path | members | tensor peak (MiB) | extra per member (MiB) | extra / member state |")
+        print("|---|---|---|---|---|")
+        for r in table:
+            print(f"| {r['path']} | {r['members']} | {r['tensor_peak_mib']:.2f} | {r['tensor_extra_per_member_mib']:.2f} | "
+                  f"**{r['tensor_extra_over_state']:.2f}** |")
 
 
 if __name__ == "__main__":

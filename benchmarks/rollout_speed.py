@@ -33,6 +33,7 @@ import torch
 import transformers
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's evollm
 
 from evollm.adapters.shared import default_lora_config
 from evollm.algorithms.grpo import GRPO

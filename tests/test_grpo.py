@@ -146,7 +146,7 @@ def test_short_grpo_run_improves_reward(warm):
 def test_fused_population_update_equals_member_by_member(tiny, arithmetic_env):
     """learn_population shares forward/backward passes but gives each member exactly its own update."""
     model, tok = tiny
-    pop = make_grpo(model, tok, n=3, lr=1e-2, batch_size=8, update_epochs=2)
+    pop = make_grpo(model, tok, n=3, lr=1e-2, batch_size=8, update_epochs=2, learn_chunk_members=3)  # one pass
     pop[1].set_hyperparameter("beta", 0.1)
     pop[2].set_hyperparameter("clip_coef", 0.05)
     pop[2].set_hyperparameter("temperature", 1.3)  # scored at its own temperature within the fused pass

@@ -37,14 +37,24 @@ def default_lora_config(r: int = 8, lora_alpha: int | None = None, **kwargs) -> 
     return LoraConfig(r=r, lora_alpha=lora_alpha if lora_alpha is not None else 2 * r, task_type="CAUSAL_LM", **kwargs)
 
 
+_CHECKPOINT_LAYERS: "weakref.WeakKeyDictionary[torch.nn.Module, tuple]" = weakref.WeakKeyDictionary()
+
+
 def checkpointing(model) -> bool:
-    """Whether ``model`` recomputes activations in backward (gradient checkpointing)."""
-    flag = getattr(model, "is_activation_checkpointing", None)
-    if flag is None:  # transformers before the rename
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", FutureWarning)
-            flag = getattr(model, "is_gradient_checkpointing", False)
-    return bool(flag)
+    """Whether ``model`` recomputes activations in backward (gradient checkpointing): transformers'
+    ``is_activation_checkpointing``, i.e. any module with a true ``gradient_checkpointing`` flag.
+
+    The modules that carry the flag (transformers gives it to a model's layers when they are built, and
+    ``gradient_checkpointing_enable`` only flips it) are found once per model: transformers' property
+    walks every module on each call, and with many members' LoRA modules on the base those walks cost
+    more than the rest of a small learn step."""
+    if not isinstance(model, torch.nn.Module):
+        return bool(getattr(model, "is_activation_checkpointing", False))
+    layers = _CHECKPOINT_LAYERS.get(model)
+    if layers is None:
+        layers = _CHECKPOINT_LAYERS[model] = tuple(m for m in model.modules() if hasattr(m, "gradient_checkpointing"))
+    return any(m.gradient_checkpointing for m in layers)
+
 
 class SharedBase:
     """The single ``PeftModel`` all members of a population share.

@@ -59,7 +59,9 @@ class AgentConfig:
     max_model_len: int | None = None
     logprob_chunk_rows: int | None = None  # None: as many rows as fit logits_budget_mb
     logits_budget_mb: float = 256.0  # memory one forward's logits (and a fused learn pass's activations) may take
-    learn_chunk_members: int | None = None  # members per fused learn pass; None: as many as fit logits_budget_mb
+    #: members per fused learn pass; None: one by one, unless a member's activations are small (below half its
+    #: adapter + Adam state, or < 16 MiB), then as many as fit logits_budget_mb (see grpo.member_chunks)
+    learn_chunk_members: int | None = None
     weight_decay: float = 0.0
     seed: int = 42
     stop_strings: tuple[str, ...] = ()
@@ -388,13 +390,15 @@ class LLMAgent:
                               stop_strings=tuple(c.stop_strings), extra=tuple(sorted((k, _frozen(v)) for k, v in c.generation_overrides.items())))
 
     def get_logprobs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                     use_reference: bool = False, with_entropy: bool = False):
+                     use_reference: bool = False, with_entropy: bool = False, start: int | None = None):
         """``[B, L-1]`` per-token log-probs of ``input_ids[:, 1:]`` under this member's actor (or the
-        reference: the base with adapters disabled). No gradients."""
+        reference: the base with adapters disabled). No gradients. ``start``: the output head runs only
+        from this target position on; earlier columns are 0 (see :func:`evollm.rollout.forward_logprobs`)."""
         ctx = self.shared.reference() if use_reference else self.shared.use(self.adapter_name("actor"))
         with torch.no_grad(), ctx as model:
             return forward_logprobs(model, input_ids, attention_mask, self.config.temperature,
-                                    self.config.logprob_chunk_rows, with_entropy, self.config.logits_budget_mb)
+                                    self.config.logprob_chunk_rows, with_entropy, self.config.logits_budget_mb,
+                                    start=start)
 
     def _collate(self, prompts):
         return collate_prompts(prompts, self.pad_token_id)

@@ -16,8 +16,8 @@ from .. import functional as F
 from .. import zero
 from ..adapters.shared import checkpointing
 from .base import AgentConfig, LLMAgent
-from ..rollout import (Rollout, attention_from_sequences, evaluate_population, generate_population, member_logprobs,
-                       stack_rows)
+from ..rollout import (Rollout, attention_from_sequences, evaluate_population, first_target, generate_population,
+                       member_logprobs, stack_rows)
 
 
 @dataclass
@@ -253,38 +253,78 @@ def _prepare(agent: GRPO, experiences) -> _Prepared:
                      sampler=sampler)
 
 
-def _joint_logprobs(agents, seqs, attn, rows_each: int, grad: bool, reference: bool = False) -> torch.Tensor:
-    """Log-probs of concatenated row blocks, block ``i`` under ``agents[i]`` (or the reference)."""
+def _joint_logprobs(agents, seqs, attn, rows_each: int, grad: bool, reference: bool = False,
+                    start: int | None = None) -> torch.Tensor:
+    """Log-probs of concatenated row blocks, block ``i`` under ``agents[i]`` (or the reference); the
+    output head runs only from ``start`` on (the first completion position: the loss reads no column
+    before it)."""
     a0, c = agents[0], agents[0].config
     return member_logprobs(a0.shared, [a.adapter_name("actor") for a in agents], seqs, attn, rows_each, grad,
                            reference, [a.config.temperature for a in agents], c.logprob_chunk_rows, c.logits_budget_mb,
-                           c.disable_dropout)
+                           c.disable_dropout, start=start)
 
 
-def activation_bytes_per_token(model) -> float:
+def activation_bytes_per_token(model, logits: bool = True) -> float:
     """Estimated bytes a training forward keeps per token for the backward pass (float32): per decoder
-    layer the normed inputs, q/k/v/o, the MLP's gate/up/activation/product (``~8 h + 5 I``), plus the
-    logits and their log-softmax (``3 V``). Used to size fused learn passes; an estimate, not a bound."""
+    layer the normed inputs, q/k/v/o, the MLP's gate/up/activation/product (``~8 h + 5 I``), plus, with
+    ``logits``, the logits and their log-softmax (``3 V``: the loss forwards compute them only on
+    completion tokens, see :func:`evollm.rollout.forward_logprobs`). Used to size fused learn passes; an
+    estimate, not a bound."""
     cfg = getattr(model, "config", None)
     vocab = model.get_output_embeddings().weight.shape[0]
     hidden = getattr(cfg, "hidden_size", 0) or 0
     inter = getattr(cfg, "intermediate_size", None) or 4 * hidden
     layers = getattr(cfg, "num_hidden_layers", 0) or 0
-    return 4.0 * (layers * (8 * hidden + 5 * inter) + 3 * vocab)
+    return 4.0 * (layers * (8 * hidden + 5 * inter) + (3 * vocab if logits else 0))
 
 
-def member_chunks(agents, rows_each: int, width: int) -> list[list[int]]:
-    """Consecutive groups of members whose learn pass (``rows_each`` rows of ``width`` tokens each) fits
-    the activation budget (``logits_budget_mb``, or ``learn_chunk_members`` when set): one fused forward
-    and backward per group, so the fused learn's peak memory does not grow with the population."""
+#: the default fused learn joins members in one pass only while one member's activations stay within
+#: this fraction of its persistent state (adapter + Adam moments), so each extra member costs at most
+#: ~1.5x its state at peak; above it (the usual case for LoRA) members learn one by one, which measured
+#: as fast on CPU from ~8M parameters on (see benchmarks/README.md). ``learn_chunk_members`` overrides it.
+FUSE_MAX_ACTIVATION_OVER_STATE = 0.5
+#: ... or while they stay below this many MiB: such passes are bound by per-call overhead, where one
+#: fused pass measured 1.4x faster than member by member (1M-parameter model, ~10 MiB per member), and
+#: the memory they add is small in absolute terms
+FUSE_SMALL_ACTIVATION_MB = 16.0
+
+
+def member_state_bytes(agent) -> int:
+    """Bytes of a member's persistent learn state: its trainable adapter tensors plus their optimizer
+    state (two Adam moments each until the optimizer has state to count)."""
+    params = agent.shared.parameters(agent.adapter_name("actor"))
+    own = sum(p.numel() * p.element_size() for p in params)
+    state = sum(t.numel() * t.element_size() for p in params for t in agent.optimizer.state.get(p, {}).values()
+                if torch.is_tensor(t) and t.dim() > 0)
+    return own + (state or 2 * own)
+
+
+def member_chunks(agents, rows_each: int, width: int, logit_width: int | None = None) -> list[list[int]]:
+    """Consecutive groups of members that learn in one fused forward and backward (``rows_each`` rows of
+    ``width`` tokens each, logits on the last ``logit_width`` of them).
+
+    ``learn_chunk_members`` when set (capped by ``logprob_chunk_rows``); by default members fuse only
+    while a member's estimated activations are at most :data:`FUSE_MAX_ACTIVATION_OVER_STATE` of its
+    persistent state or below :data:`FUSE_SMALL_ACTIVATION_MB`, and then as many as fit
+    ``logits_budget_mb``; otherwise one by one. So beyond small models the learn's peak memory does not
+    grow with the population beyond each member's own state."""
     c = agents[0].config
     n = len(agents)
     if n == 1:
         return [[0]]
     if checkpointing(agents[0].shared.model.get_base_model()):
         return [[i] for i in range(n)]  # the routing hooks are gone when backward recomputes the forward
-    per_member = rows_each * width * activation_bytes_per_token(agents[0].shared.model)
-    k = c.learn_chunk_members or max(1, int(c.logits_budget_mb * 2**20 // per_member))
+    model = agents[0].shared.model
+    logit_width = width if logit_width is None else logit_width
+    per_member = rows_each * (width * activation_bytes_per_token(model, logits=False)
+                              + logit_width * (activation_bytes_per_token(model) - activation_bytes_per_token(model, False)))
+    if c.learn_chunk_members:
+        k = c.learn_chunk_members
+    elif (per_member <= FUSE_SMALL_ACTIVATION_MB * 2**20
+          or per_member <= FUSE_MAX_ACTIVATION_OVER_STATE * member_state_bytes(agents[0])):
+        k = max(1, int(c.logits_budget_mb * 2**20 // per_member))
+    else:
+        k = 1
     if c.logprob_chunk_rows is not None and c.logprob_chunk_rows < rows_each * min(k, n):
         k = max(1, c.logprob_chunk_rows // rows_each)  # an explicit row cap also bounds a fused pass
     k = min(k, n)
@@ -328,19 +368,21 @@ def grpo_update(agents: Sequence[GRPO], experiences: Sequence) -> list[dict[str,
             if b.sampler is not None:
                 b.sampler = torch.nn.functional.pad(b.sampler, (0, extra), value=0.0)
     c0 = agents[0].config
-    chunks = member_chunks(agents, min(c0.batch_size, rows_total), width)
+    chunks = member_chunks(agents, min(c0.batch_size, rows_total), width,
+                           width - min(first_target(b.mask) for b in batches) + 1)
     groups = [([agents[i] for i in ch], [batches[i] for i in ch]) for ch in chunks]
     for ags, bs in groups:
+        start = min(first_target(b.mask) for b in bs)
         if c0.update_epochs > 1 or c0.batch_size < rows_total:
             olds = _joint_logprobs(ags, torch.cat([b.seqs for b in bs]), torch.cat([b.attn for b in bs]),
-                                   rows_total, False)
+                                   rows_total, False, start=start)
             for b, old in zip(bs, olds.split(rows_total)):
                 b.old = old
         ref_agents = [a for a in ags if a.config.beta > 0]
         with_ref = [b for a, b in zip(ags, bs) if a.config.beta > 0]
         if with_ref:
-            refs = _joint_logprobs(ref_agents, torch.cat([b.seqs for b in with_ref]),
-                                   torch.cat([b.attn for b in with_ref]), rows_total, False, reference=True)
+            refs = _joint_logprobs(ref_agents, torch.cat([b.seqs for b in with_ref]), torch.cat([b.attn for b in with_ref]),
+                                   rows_total, False, reference=True, start=min(first_target(b.mask) for b in with_ref))
             for b, ref in zip(with_ref, refs.split(rows_total)):
                 b.ref = ref
     params = [a.shared.parameters(a.adapter_name("actor")) for a in agents]
@@ -350,13 +392,13 @@ def grpo_update(agents: Sequence[GRPO], experiences: Sequence) -> list[dict[str,
         orders = [torch.randperm(rows_total, generator=g) for g in gens]
         for start in range(0, rows_total, c0.batch_size):
             rows = [o[start:start + c0.batch_size] for o in orders]
-            for a in agents:
-                a.optimizer.zero_grad(set_to_none=True)
-            for ch in chunks:
+            for ch in chunks:  # each member's forward reads only its own adapter: step a group before the next
+                for i in ch:
+                    agents[i].optimizer.zero_grad(set_to_none=True)
                 _learn_chunk([agents[i] for i in ch], [batches[i] for i in ch], [rows[i] for i in ch],
                              [stats[i] for i in ch])
-            for a, p, st in zip(agents, params, stats):
-                st["grad_norm"].append(a.clip_and_step(p))
+                for i in ch:  # clip_and_step frees the gradients: one group's are alive at a time
+                    stats[i]["grad_norm"].append(agents[i].clip_and_step(params[i]))
     out = []
     path = learn_path(len(agents), len(chunks))
     for a, b, st in zip(agents, batches, stats):
@@ -375,7 +417,8 @@ def _learn_chunk(agents, batches, rows, stats) -> None:
     """One fused forward + backward over a group of members' minibatch rows (gradients accumulate;
     each member's loss reaches only its own adapter)."""
     logp = _joint_logprobs(agents, torch.cat([b.seqs[r] for b, r in zip(batches, rows)]),
-                           torch.cat([b.attn[r] for b, r in zip(batches, rows)]), len(rows[0]), True)
+                           torch.cat([b.attn[r] for b, r in zip(batches, rows)]), len(rows[0]), True,
+                           start=min(first_target(b.mask[r]) for b, r in zip(batches, rows)))
     total = 0.0
     for a, b, r, lp, st in zip(agents, batches, rows, logp.split(len(rows[0])), stats):
         c, m = a.config, b.mask[r].to(lp.device)

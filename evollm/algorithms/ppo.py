@@ -30,7 +30,7 @@ import torch
 
 from .. import functional as F
 from ..distributed import all_reduce_gradients
-from ..rollout import loss_forward, position_ids_from_mask
+from ..rollout import first_target, loss_forward, position_ids_from_mask
 from .base import AgentConfig
 from .multiturn_rollout import (EpisodeAgent, EpisodeBatch, episode_batch, last_token_of_turn, pack_actions,
                                 unpack_actions)
@@ -200,8 +200,9 @@ class LLMPPO(EpisodeAgent):
         needs_old = c.update_epochs > 1 or c.batch_size < n
         with torch.no_grad():
             old_values, vmask = self._state_values(self._token_values(ids, attn), batch, token_level)
-            old_logp = self.get_logprobs(ids, attn) if needs_old else None
-            ref_logp = self.get_logprobs(ids, attn, use_reference=True) if c.beta > 0 else None
+            first = first_target(mask)  # the loss reads no column before the first action token
+            old_logp = self.get_logprobs(ids, attn, start=first) if needs_old else None
+            ref_logp = self.get_logprobs(ids, attn, use_reference=True, start=first) if c.beta > 0 else None
             token_adv, returns, _ = self._advantages(batch, old_values, vmask, token_level)
         vclip = c.value_clip if c.value_clip is not None else c.clip_bounds()[1] - 1.0
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from .. import functional as F
-from ..rollout import loss_forward
+from ..rollout import first_target, loss_forward
 from .base import AgentConfig, LLMAgent
 from .multiturn_rollout import (EpisodeAgent, EpisodeBatch, episode_batch, last_token_of_turn, pack_actions,
                                 unpack_actions)
@@ -89,8 +89,9 @@ class LLMREINFORCE(EpisodeAgent):
         advantages = self.normalised_returns(batch).to(dev)
         n = ids.shape[0]
         needs_old = c.update_epochs > 1 or c.batch_size < n
-        old_logp = self.get_logprobs(ids, attn) if needs_old else None
-        ref_logp = self.get_logprobs(ids, attn, use_reference=True) if c.beta > 0 else None
+        first = first_target(mask)  # the loss reads no column before the first action token
+        old_logp = self.get_logprobs(ids, attn, start=first) if needs_old else None
+        ref_logp = self.get_logprobs(ids, attn, use_reference=True, start=first) if c.beta > 0 else None
         params = self.shared.parameters(self.adapter_name("actor"))
 
         stats: dict[str, list[float]] = {k: [] for k in ("loss", "kl", "clip_fraction", "entropy", "grad_norm")}

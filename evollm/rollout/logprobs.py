@@ -4,6 +4,8 @@ reference policy (the shared base with every adapter disabled)."""
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 from typing import Sequence
 
 import torch
@@ -16,9 +18,14 @@ from .tokens import position_ids_from_mask
 
 def forward_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                      temperature: float | torch.Tensor = 1.0, chunk_rows: int | None = None,
-                     with_entropy: bool = False, logits_budget_mb: float = 256.0):
+                     with_entropy: bool = False, logits_budget_mb: float = 256.0, start: int | None = None):
     """Per-token log-probs ``[B, L-1]`` of ``input_ids[:, 1:]`` under ``model`` at ``temperature``
     (a float, or a ``[B]`` tensor: each row's own).
+
+    ``start``: the first target position that matters (e.g. the prompt length, where the completion
+    begins; :func:`first_target` reads it off an action mask). The output head and log-softmax then run
+    only on positions ``>= start - 1`` (through the model's ``logits_to_keep`` where its forward takes
+    it, else by slicing the logits) and the columns before ``start - 1`` are 0 (entropies too).
 
     Rows are processed ``chunk_rows`` at a time so that at most ``[chunk_rows, L, V]`` logits
     exist at once; by default as many rows as fit ``logits_budget_mb`` of float32 logits (one row
@@ -28,28 +35,76 @@ def forward_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tenso
     if attention_mask is None:
         attention_mask = torch.ones_like(input_ids)
     device = next(model.parameters()).device
+    first = min(max(int(start or 0) - 1, 0), input_ids.shape[1] - 1)  # first logits position needed
+    keep = input_ids.shape[1] - first
     if chunk_rows is None:
         vocab = model.get_output_embeddings().weight.shape[0]
-        row_bytes = 4 * input_ids.shape[1] * vocab
+        row_bytes = 4 * keep * vocab
         chunk_rows = max(1, int(logits_budget_mb * 2**20 // row_bytes))
+    extra = {"logits_to_keep": keep} if first and _takes_logits_to_keep(model) else {}
+    with _contiguous_head_input(model, bool(extra)):
+        return _forward_rows(model, input_ids, attention_mask, temperature, chunk_rows, with_entropy, device, first, keep,
+                             extra)
+
+
+@contextlib.contextmanager
+def _contiguous_head_input(model, active: bool):
+    """While ``active``, the output head gets a contiguous input: ``logits_to_keep`` hands it a slice of the
+    hidden states, on which a CPU matmul with a 49k-row head measured 3x slower (forward and backward)."""
+    head = model.get_output_embeddings() if active else None
+    handle = head.register_forward_pre_hook(_make_contiguous) if head is not None else None
+    try:
+        yield
+    finally:
+        if handle is not None:
+            handle.remove()
+
+
+def _make_contiguous(module, args):
+    return (args[0].contiguous(), *args[1:]) if args and not args[0].is_contiguous() else None
+
+
+def _forward_rows(model, input_ids, attention_mask, temperature, chunk_rows, with_entropy, device, first, keep, extra):
     outs, ents = [], []
-    for start in range(0, input_ids.shape[0], chunk_rows):
-        ids = input_ids[start:start + chunk_rows].to(device)
-        am = attention_mask[start:start + chunk_rows].to(device)
+    for row in range(0, input_ids.shape[0], chunk_rows):
+        ids = input_ids[row:row + chunk_rows].to(device)
+        am = attention_mask[row:row + chunk_rows].to(device)
         logits = model(input_ids=ids, attention_mask=am, position_ids=position_ids_from_mask(am),
-                       use_cache=False).logits[:, :-1]
+                       use_cache=False, **extra).logits[:, -keep:-1]
         if isinstance(temperature, torch.Tensor):
-            logits = logits / temperature[start:start + chunk_rows].to(logits.device, logits.dtype).view(-1, 1, 1)
+            logits = logits / temperature[row:row + chunk_rows].to(logits.device, logits.dtype).view(-1, 1, 1)
         elif temperature != 1.0:
             logits = logits / temperature
-        outs.append(token_logprobs(logits, ids[:, 1:]))
+        outs.append(token_logprobs(logits, ids[:, first + 1:]))
         if with_entropy:
             with torch.no_grad():
                 lf = logits.detach().float()
                 ents.append(torch.logsumexp(lf, -1) - (lf.softmax(-1) * lf).sum(-1))
         del logits
-    logp = torch.cat(outs)
-    return (logp, torch.cat(ents)) if with_entropy else logp
+    logp = torch.nn.functional.pad(torch.cat(outs), (first, 0))
+    return (logp, torch.nn.functional.pad(torch.cat(ents), (first, 0))) if with_entropy else logp
+
+
+def first_target(action_mask: torch.Tensor) -> int:
+    """The ``start`` for :func:`forward_logprobs` from an action mask ``[B, L-1]``: one past the first
+    column any row scores (every earlier column is masked out in all rows); 0 for an empty mask."""
+    cols = action_mask.reshape(-1, action_mask.shape[-1]).ne(0).any(0).nonzero()
+    return int(cols[0]) + 1 if cols.numel() else 0
+
+
+def _takes_logits_to_keep(model) -> bool:
+    """Whether the (PEFT-wrapped) model's forward computes logits only for the last ``logits_to_keep``
+    positions (transformers' causal LMs do)."""
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return _forward_takes(type(inner))
+
+
+@functools.lru_cache(maxsize=None)
+def _forward_takes(cls) -> bool:
+    try:
+        return "logits_to_keep" in inspect.signature(cls.forward).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 @contextlib.contextmanager
@@ -94,11 +149,11 @@ def loss_forward(shared, name: str, grad: bool = True, disable_dropout: bool = T
 def member_logprobs(shared, names: Sequence[str], seqs: torch.Tensor, attn: torch.Tensor, rows_each: int,
                     grad: bool, reference: bool = False, temperature: float | Sequence[float] = 1.0,
                     chunk_rows: int | None = None, logits_budget_mb: float = 256.0,
-                    disable_dropout: bool = True) -> torch.Tensor:
+                    disable_dropout: bool = True, start: int | None = None) -> torch.Tensor:
     """Log-probs of concatenated row blocks, block ``i`` (``rows_each`` rows) under adapter ``names[i]``
     of ``shared`` (or, with ``reference``, all of them under the base alone), with dropout off unless
     ``disable_dropout`` is False (see :func:`loss_forward`). ``temperature`` is one value or one per
-    block (each member scores at its own sampling temperature).
+    block (each member scores at its own sampling temperature); ``start`` as in :func:`forward_logprobs`.
 
     Several members run as ONE routed forward when their adapters are routed exactly and dropout
     is off; otherwise (DoRA, or dropout on) each block runs through PEFT's own forward in turn.
@@ -110,14 +165,15 @@ def member_logprobs(shared, names: Sequence[str], seqs: torch.Tensor, attn: torc
         temperature = torch.tensor(temps).repeat_interleave(rows_each)
     if reference:
         with torch.set_grad_enabled(grad), shared.reference() as model:
-            return forward_logprobs(model, seqs, attn, temperature, chunk_rows, logits_budget_mb=logits_budget_mb)
+            return forward_logprobs(model, seqs, attn, temperature, chunk_rows, logits_budget_mb=logits_budget_mb,
+                                    start=start)
     if len(names) > 1 and (batch_path(shared, names) != ROUTED or (grad and not disable_dropout)):
         out = []  # one member at a time through PEFT's own forward (no checkpointing: one backward later)
         for i, name in enumerate(names):
             rows = slice(i * rows_each, (i + 1) * rows_each)
             with torch.set_grad_enabled(grad), loss_forward(shared, name, grad, disable_dropout, True) as model:
                 out.append(forward_logprobs(model, seqs[rows], attn[rows], temps[i], chunk_rows,
-                                            logits_budget_mb=logits_budget_mb))
+                                            logits_budget_mb=logits_budget_mb, start=start))
         if grad:  # selecting the next member froze the previous one's tensors in PEFT; the backward needs them
             for name in names:
                 for p in shared.parameters(name):
@@ -133,4 +189,4 @@ def member_logprobs(shared, names: Sequence[str], seqs: torch.Tensor, attn: torc
         if len(names) > 1 and grad and (model.training or checkpointing(model)):
             model.eval()  # dropout off (routing never applies LoRA dropout), and no checkpointing (the backward
             # runs after the routing hooks are gone); each eval() walks every module, so only when needed
-        return forward_logprobs(model, seqs, attn, temperature, chunk, logits_budget_mb=logits_budget_mb)
+        return forward_logprobs(model, seqs, attn, temperature, chunk, logits_budget_mb=logits_budget_mb, start=start)
