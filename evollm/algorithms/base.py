@@ -24,6 +24,10 @@ from ..distributed import all_reduce_gradients
 from ..rollout import SamplingConfig, collate_prompts, eos_ids, forward_logprobs
 from ..rollout.sampling import check_extra
 
+_NO_ZERO = ("does not support DeepSpeed ZeRO (only single-adapter members with evollm's AdamW do: GRPO family, "
+            "REINFORCE); launch it without a DeepSpeed config")
+
+
 @dataclass
 class AgentConfig:
     """Hyperparameters every LLM agent has.
@@ -184,8 +188,7 @@ class LLMAgent:
                  device: str | torch.device | None = None, **hyperparameters):
         self.config = build_config(self.config_cls, config, hyperparameters)
         if zero.stage() is not None and tuple(self.ROLES) != ("actor",):
-            raise ValueError(f"{type(self).__name__} does not support DeepSpeed ZeRO (only single-adapter members with "
-                             "evollm's AdamW do: GRPO family, REINFORCE); launch it without a DeepSpeed config")
+            raise ValueError(f"{type(self).__name__} {_NO_ZERO}")
         check_extra(self.config.generation_overrides)
         if self.config.stop_strings and tokenizer is None:
             raise ValueError("stop_strings need the tokenizer: pass tokenizer= to the member")
@@ -208,8 +211,7 @@ class LLMAgent:
         self._init_extra_modules()
         self.optimizer = self._build_optimizer()
         if zero.active() and not zero.is_zero(self.optimizer):
-            raise ValueError(f"{type(self).__name__} does not support DeepSpeed ZeRO (only single-adapter members with "
-                             "evollm's AdamW do: GRPO family, REINFORCE); launch it without a DeepSpeed config")
+            raise ValueError(f"{type(self).__name__} {_NO_ZERO}")
         self.hp_config = hp_config
         if hp_config is not None and hasattr(hp_config, "validate_for"):
             hp_config.validate_for(self)

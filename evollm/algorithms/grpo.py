@@ -316,8 +316,8 @@ def member_chunks(agents, rows_each: int, width: int, logit_width: int | None = 
         return [[i] for i in range(n)]  # the routing hooks are gone when backward recomputes the forward
     model = agents[0].shared.model
     logit_width = width if logit_width is None else logit_width
-    per_member = rows_each * (width * activation_bytes_per_token(model, logits=False)
-                              + logit_width * (activation_bytes_per_token(model) - activation_bytes_per_token(model, False)))
+    body = activation_bytes_per_token(model, logits=False)
+    per_member = rows_each * (width * body + logit_width * (activation_bytes_per_token(model) - body))
     if c.learn_chunk_members:
         k = c.learn_chunk_members
     elif (per_member <= FUSE_SMALL_ACTIVATION_MB * 2**20
@@ -368,21 +368,21 @@ def grpo_update(agents: Sequence[GRPO], experiences: Sequence) -> list[dict[str,
             if b.sampler is not None:
                 b.sampler = torch.nn.functional.pad(b.sampler, (0, extra), value=0.0)
     c0 = agents[0].config
-    chunks = member_chunks(agents, min(c0.batch_size, rows_total), width,
-                           width - min(first_target(b.mask) for b in batches) + 1)
-    groups = [([agents[i] for i in ch], [batches[i] for i in ch]) for ch in chunks]
-    for ags, bs in groups:
-        start = min(first_target(b.mask) for b in bs)
+    starts = [first_target(b.mask) for b in batches]  # the loss reads no column before a member's start
+    chunks = member_chunks(agents, min(c0.batch_size, rows_total), width, width - min(starts) + 1)
+    for ch in chunks:
+        ags, bs, start = [agents[i] for i in ch], [batches[i] for i in ch], min(starts[i] for i in ch)
         if c0.update_epochs > 1 or c0.batch_size < rows_total:
             olds = _joint_logprobs(ags, torch.cat([b.seqs for b in bs]), torch.cat([b.attn for b in bs]),
                                    rows_total, False, start=start)
             for b, old in zip(bs, olds.split(rows_total)):
                 b.old = old
-        ref_agents = [a for a in ags if a.config.beta > 0]
-        with_ref = [b for a, b in zip(ags, bs) if a.config.beta > 0]
+        ref_idx = [i for i in ch if agents[i].config.beta > 0]
+        with_ref = [batches[i] for i in ref_idx]
         if with_ref:
-            refs = _joint_logprobs(ref_agents, torch.cat([b.seqs for b in with_ref]), torch.cat([b.attn for b in with_ref]),
-                                   rows_total, False, reference=True, start=min(first_target(b.mask) for b in with_ref))
+            refs = _joint_logprobs([agents[i] for i in ref_idx], torch.cat([b.seqs for b in with_ref]),
+                                   torch.cat([b.attn for b in with_ref]), rows_total, False, reference=True,
+                                   start=min(starts[i] for i in ref_idx))
             for b, ref in zip(with_ref, refs.split(rows_total)):
                 b.ref = ref
     params = [a.shared.parameters(a.adapter_name("actor")) for a in agents]

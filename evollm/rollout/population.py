@@ -35,7 +35,7 @@ def sampling_groups(agents: Sequence, training: bool, group_size_of: Callable[[o
     groups = defaultdict(list)
     for agent in agents:
         sampling = agent.sampling_config(training, group_size_of(agent))
-        if not sampling.do_sample or (shares_rows(sampling) and engine_of(agent.shared) is None):
+        if not sampling.do_sample or _row_temperatures(sampling, agent.shared):
             sampling = replace(sampling, temperature=1.0)
         groups[(id(agent.shared), sampling, agent.pad_token_id, member_eos_ids(agent))].append(agent)
     return groups
@@ -44,10 +44,15 @@ def sampling_groups(agents: Sequence, training: bool, group_size_of: Callable[[o
 def member_temperatures(members: Sequence, sampling: SamplingConfig) -> list[float] | None:
     """Each member's own sampling temperature, for a group keyed by :func:`sampling_groups` (None where
     the key's settings already hold the temperature: greedy, or an engine / opt-in processor group)."""
-    if not sampling.do_sample or sampling.temperature != 1.0 or not shares_rows(sampling) \
-            or engine_of(members[0].shared) is not None:
+    if sampling.temperature != 1.0 or not _row_temperatures(sampling, members[0].shared):
         return None
     return [float(m.sampling_config(True, 1).temperature) for m in members]
+
+
+def _row_temperatures(sampling: SamplingConfig, shared) -> bool:
+    """Whether members sampling with ``sampling`` on ``shared`` get their temperatures row by row (HF
+    backend, plain sampling) rather than from the settings of their own group."""
+    return shares_rows(sampling) and engine_of(shared) is None
 
 
 def member_eos_ids(agent) -> tuple[int, ...]:
