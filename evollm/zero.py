@@ -1,9 +1,10 @@
 """DeepSpeed ZeRO for a population: every member's optimizer inside its own DeepSpeed engine.
 
-Under ``accelerate launch --config_file configs/deepspeed/zero2.yaml`` (or ``zero1.yaml``) every member's
-trainable parameters (its LoRA adapters) and its AdamW are handed to ``deepspeed.initialize`` with the
-launch's ZeRO stage: stage 1 partitions the member's optimizer state across processes, stage 2 its
-gradients too (reduce-scatter during the backward). The frozen base is never handed to DeepSpeed: it
+Under ``accelerate launch --config_file configs/deepspeed/zero2.yaml`` (or ``zero1.yaml``, ``zero3.yaml``)
+every member's trainable parameters (its LoRA adapters) and its AdamW are handed to
+``deepspeed.initialize`` with the launch's ZeRO stage: stage 1 partitions the member's optimizer state
+(and fp32 master copy) across processes, stage 2 its gradients too (reduce-scatter during the
+backward), stage 3 its parameters too (below). The frozen base is never handed to DeepSpeed: it
 is not copied, partitioned or wrapped; every process holds it once.
 
 evollm's losses pass through the member's engine (:meth:`ZeroOptimizer.track`, DeepSpeed's
@@ -15,9 +16,13 @@ every step. :meth:`ZeroOptimizer.state_dict` gathers the full (unpartitioned) st
 layout, so clones, LoRA-rank changes and safetensors checkpoints work unchanged;
 :meth:`~ZeroOptimizer.load_state_dict` gives every process its own partition of a full state.
 
-ZeRO stage 3 partitions the parameters themselves and needs DeepSpeed to own the forward of the module
-that holds them; the members' adapters live inside ONE shared base model that every member's forward
-runs through, so stage 3 is refused (one line) rather than run as something it is not.
+Stage 3 (``zero3.yaml``) partitions the member's parameters too: each process holds its shard of every
+adapter parameter (DeepSpeed's ``ds_tensor``) beside its shard of the fp32 master copy, gradients and
+Adam state. The working copy every forward reads is kept whole on every process between steps -- these
+are DeepSpeed's *persistent* parameters (``stage3_param_persistence_threshold``), re-gathered after each
+step -- because the members' adapters live inside the ONE shared base that every rollout token runs
+through: gathering them per forward would cost an all-gather per generated token, while the adapters are
+a small fraction of the (unpartitioned) base that every process holds anyway.
 """
 
 from __future__ import annotations
@@ -32,19 +37,21 @@ import torch
 
 from . import distributed as dist
 
-SUPPORTED_STAGES = (1, 2)
+SUPPORTED_STAGES = (1, 2, 3)
 _MOMENTS = ("exp_avg", "exp_avg_sq")
+PERSIST_ALL = 2 ** 62
 
 
 def stage() -> int | None:
-    """The ZeRO stage of this launch (``None``: no DeepSpeed); stage 3 and offloading are refused."""
+    """The ZeRO stage of this launch (``None``: no DeepSpeed); offloading is refused."""
     s = dist.zero_stage()
     if s is None:
         return None
     if s not in SUPPORTED_STAGES:
-        raise ValueError(f"DeepSpeed zero_stage={s} is not supported for a population: members' adapters live in one "
-                         f"shared base whose forward DeepSpeed does not own, so stage 3 cannot partition them; use "
-                         f"zero_stage 1 or 2 (configs/deepspeed/zero2.yaml)")
+        raise ValueError(f"DeepSpeed zero_stage={s} is not valid; use 1, 2 or 3 (configs/deepspeed/zero*.yaml)")
+    if os.environ.get("ACCELERATE_DEEPSPEED_ZERO3_INIT", "false").lower() == "true":
+        raise ValueError("DeepSpeed zero3_init_flag=true is not supported for a population: the frozen base is shared "
+                         "whole by every member on each process; set zero3_init_flag: false")
     for kind in ("OPTIMIZER", "PARAM"):
         device = os.environ.get(f"ACCELERATE_DEEPSPEED_OFFLOAD_{kind}_DEVICE", "none").lower()
         if device not in ("none", ""):
@@ -60,11 +67,14 @@ def active() -> bool:
 
 def deepspeed_config(zero_stage: int, max_grad_norm: float | None) -> dict:
     """The DeepSpeed config of one member's engine. The batch sizes are bookkeeping only (evollm
-    forms the batches); gradients are averaged over processes; clipping is the member's own."""
+    forms the batches); gradients are averaged over processes; clipping is the member's own. Stage 3:
+    every adapter parameter is persistent (see the module docstring)."""
+    zero = {"stage": int(zero_stage), "overlap_comm": False, "contiguous_gradients": True}
+    if int(zero_stage) == 3:
+        zero.update(stage3_param_persistence_threshold=PERSIST_ALL)
     return {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
             "gradient_clipping": float(max_grad_norm or 0.0), "steps_per_print": 2 ** 62,
-            "zero_optimization": {"stage": int(zero_stage), "overlap_comm": False, "contiguous_gradients": True},
-            "zero_allow_untested_optimizer": True, "wall_clock_breakdown": False}
+            "zero_optimization": zero, "zero_allow_untested_optimizer": True, "wall_clock_breakdown": False}
 
 
 class _Holder(torch.nn.Module):
@@ -125,6 +135,8 @@ class ZeroOptimizer:
                 config=deepspeed_config(zero_stage, max_grad_norm), dist_init_required=False)
         for p, flag in zip(self.params, trainable):
             p.requires_grad_(flag)
+        if self.zero_stage == 3:
+            self._gather_params()
         self.param_groups = [_Group(g, ps) for g, ps in zip(self.zero.param_groups, self.groups_params)]
         self.last_grad_norm = float("nan")
         self._snapshot = None
@@ -153,7 +165,19 @@ class ZeroOptimizer:
 
     # ------------------------------------------------------------------ state
     def _partitions(self) -> list[torch.Tensor]:
+        """This process's flat fp32 partition of each param group (the tensors its Adam state is keyed by)."""
+        if self.zero_stage == 3:
+            return list(self.zero.fp32_partitioned_groups_flat)
         return list(self.zero.single_partition_of_fp32_groups)
+
+    def _gather_params(self) -> None:
+        """Stage 3: make every adapter parameter whole again on this process (collective), as
+        DeepSpeed does for its persistent parameters after every step."""
+        from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
+
+        missing = [p for p in self.params if p.ds_status != ZeroParamStatus.AVAILABLE]
+        if missing:
+            missing[0].all_gather(missing)
 
     def local_state_numel(self) -> int:
         """Elements of optimizer state (Adam moments) this process holds for the member."""
@@ -163,6 +187,10 @@ class ZeroOptimizer:
             total += sum(st[k].numel() for k in _MOMENTS if k in st)
         return total
 
+    def local_master_numel(self) -> int:
+        """Elements of the member's fp32 master parameters this process holds (its partition)."""
+        return sum(flat.numel() for flat in self._partitions())
+
     def full_state_numel(self) -> int:
         """Elements of optimizer state the member has in all (both Adam moments of every parameter)."""
         return 2 * sum(p.numel() for p in self.params)
@@ -170,6 +198,10 @@ class ZeroOptimizer:
     def gather(self) -> dict:
         """The full optimizer state in torch's AdamW ``state_dict`` layout. Collective: every process
         must call it (they all get the full state)."""
+        with _trainable(self.params):
+            return self._gather()
+
+    def _gather(self) -> dict:
         state, pid = {}, 0
         for g, (ps, flat) in enumerate(zip(self.groups_params, self._partitions())):
             st = self.zero.optimizer.state.get(flat, {})
@@ -203,6 +235,10 @@ class ZeroOptimizer:
 
     def load_state_dict(self, state: dict) -> None:
         """Load a full state (torch AdamW layout): every process keeps only its partition."""
+        with _trainable(self.params):
+            self._load(state)
+
+    def _load(self, state: dict) -> None:
         from deepspeed.utils import safe_set_full_optimizer_state
 
         for group, saved in zip(self.param_groups, state["param_groups"]):
@@ -217,8 +253,9 @@ class ZeroOptimizer:
                 st = self.zero.optimizer.state[flat]
                 if "exp_avg" not in st:  # torch's AdamW creates its state at the first step
                     st.update(step=torch.tensor(0.0), exp_avg=torch.zeros_like(flat), exp_avg_sq=torch.zeros_like(flat))
-                    self.zero._hp_optimizer_states_linked = False
-                    self.zero._lazy_init_hp_params_optimizer_state()
+                    if self.zero_stage < 3:  # stages 1-2 link each parameter's fragment of the state
+                        self.zero._hp_optimizer_states_linked = False
+                        self.zero._lazy_init_hp_params_optimizer_state()
                 st["step"] = torch.tensor(float(steps[0]))
                 for i, p in enumerate(ps, start=pid):
                     for k in _MOMENTS:
@@ -236,8 +273,12 @@ class ZeroOptimizer:
             for k, v in fresh.items():
                 if k != "params":
                     group[k] = copy.deepcopy(v)
-        for p in self.params:
-            safe_set_full_fp32_param(p, p.detach().clone())
+        with _trainable(self.params):
+            for p in self.params:
+                safe_set_full_fp32_param(p, p.detach().clone())
+        if self.zero_stage == 3:  # the parameters' own partitions follow their fp32 master copy
+            for i in range(len(self.zero.fp16_groups)):
+                self.zero._reassign_or_swap_out_partitioned_parameters(i)
         for flat in self._partitions():
             self.zero.optimizer.state.get(flat, {}).clear()
         self.zero._hp_optimizer_states_linked = False
@@ -288,6 +329,22 @@ def snapshot_members(agents: Sequence) -> None:
         opt = getattr(a, "optimizer", None)
         if isinstance(opt, ZeroOptimizer):
             opt.snapshot()
+
+
+class _trainable:
+    """Mark parameters trainable for a while: the shared base marks only the adapter in use trainable,
+    and DeepSpeed reads and writes the state of trainable parameters only."""
+
+    def __init__(self, params: Sequence[torch.nn.Parameter]):
+        self.params, self.flags = params, [p.requires_grad for p in params]
+
+    def __enter__(self):
+        for p in self.params:
+            p.requires_grad_(True)
+
+    def __exit__(self, *exc):
+        for p, flag in zip(self.params, self.flags):
+            p.requires_grad_(flag)
 
 
 class _quiet:

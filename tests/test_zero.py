@@ -1,6 +1,7 @@
-"""DeepSpeed ZeRO-2 for a population (2 CPU processes, gloo, launched with configs/deepspeed/zero2.yaml):
-every member's optimizer state is partitioned (each process holds its half), the adapters are identical
-on both processes and equal to a 1-process run, and checkpoints hold the full state (safetensors).
+"""DeepSpeed ZeRO-2 and ZeRO-3 for a population (2 CPU processes, gloo, launched with
+configs/deepspeed/zero2.yaml and zero3.yaml): every member's fp32 master parameters and optimizer state
+are partitioned (each process holds its half), the adapters are identical on both processes and equal
+to a 1-process run, and checkpoints hold the full state (safetensors).
 Skipped when DeepSpeed is not installed (``pip install -e .[deepspeed]``)."""
 
 import json
@@ -16,18 +17,33 @@ from safetensors.torch import load_file
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_zero3_and_offload_are_refused_in_one_line(monkeypatch):
+def test_zero_stages_and_offload(monkeypatch):
     from evollm import zero
 
     monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
-    monkeypatch.setenv("ACCELERATE_DEEPSPEED_ZERO_STAGE", "3")
-    with pytest.raises(ValueError, match="zero_stage=3 is not supported.*use zero_stage 1 or 2"):
+    for stage in (1, 2, 3):
+        monkeypatch.setenv("ACCELERATE_DEEPSPEED_ZERO_STAGE", str(stage))
+        assert zero.stage() == stage and not zero.active()  # one process: nothing to partition
+    monkeypatch.setenv("ACCELERATE_DEEPSPEED_ZERO_STAGE", "4")
+    with pytest.raises(ValueError, match="zero_stage=4 is not valid; use 1, 2 or 3"):
         zero.stage()
-    monkeypatch.setenv("ACCELERATE_DEEPSPEED_ZERO_STAGE", "2")
-    assert zero.stage() == 2 and not zero.active()  # one process: nothing to partition
+    monkeypatch.setenv("ACCELERATE_DEEPSPEED_ZERO_STAGE", "3")
+    monkeypatch.setenv("ACCELERATE_DEEPSPEED_ZERO3_INIT", "true")
+    with pytest.raises(ValueError, match="zero3_init_flag=true is not supported.*set zero3_init_flag: false"):
+        zero.stage()
+    monkeypatch.setenv("ACCELERATE_DEEPSPEED_ZERO3_INIT", "false")
     monkeypatch.setenv("ACCELERATE_DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE", "cpu")
     with pytest.raises(ValueError, match="offload_optimizer_device='cpu' is not supported"):
         zero.stage()
+
+
+def test_stage3_engine_config_keeps_every_adapter_parameter_whole():
+    from evollm import zero
+
+    cfg = zero.deepspeed_config(3, 0.5)
+    assert cfg["zero_optimization"]["stage"] == 3 and cfg["gradient_clipping"] == 0.5
+    assert cfg["zero_optimization"]["stage3_param_persistence_threshold"] >= 2 ** 40
+    assert "stage3_param_persistence_threshold" not in zero.deepspeed_config(2, None)["zero_optimization"]
 
 
 def test_members_with_several_adapters_refuse_zero(monkeypatch, tiny):
@@ -40,31 +56,35 @@ def test_members_with_several_adapters_refuse_zero(monkeypatch, tiny):
         LLMPPO(model, pad_token_id=tok.pad_token_id)
 
 
-@pytest.fixture(scope="module")
-def zero_run(tmp_path_factory, cache_dir):
+@pytest.fixture(scope="module", params=[2, 3], ids=["zero2", "zero3"])
+def zero_run(request, tmp_path_factory, cache_dir):
     pytest.importorskip("deepspeed", reason="DeepSpeed is not installed (pip install -e .[deepspeed])")
-    out = tmp_path_factory.mktemp("zero")
+    out = tmp_path_factory.mktemp(f"zero{request.param}")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}",
            "EVOLLM_CACHE": cache_dir}
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ROOT / "configs/deepspeed/zero2.yaml"),
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ROOT / f"configs/deepspeed/zero{request.param}.yaml"),
            "--num_processes", "2", "--main_process_port", "29527", str(ROOT / "tests" / "zero_script.py"), str(out)]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-    return out
+    return out, request.param
 
 
 def test_each_process_holds_only_its_shard_of_every_members_optimizer_state(zero_run):
+    zero_run, zero_stage = zero_run
     infos = [json.loads((zero_run / f"info-rank{r}.json").read_text()) for r in (0, 1)]
     assert infos[0]["sizes"].keys() == {"0", "1", "2"}  # two members and a clone
-    for member, (local0, full, kind, stage) in infos[0]["sizes"].items():
-        local1 = infos[1]["sizes"][member][0]
-        assert kind == "ZeroOptimizer" and stage == 2
+    for member, (local0, full, kind, stage, master0) in infos[0]["sizes"].items():
+        local1, master1 = infos[1]["sizes"][member][0], infos[1]["sizes"][member][4]
+        assert kind == "ZeroOptimizer" and stage == zero_stage
         assert local0 + local1 >= full  # together the processes hold the whole state ...
         assert max(local0, local1) <= full // 2 + 64  # ... each only its half (plus alignment padding)
+        assert master0 + master1 >= full // 2 and max(master0, master1) <= full // 4 + 64  # fp32 masters too
 
 
 def test_zero_update_equals_the_one_process_update(zero_run):
     import zero_script
+
+    zero_run, _ = zero_run
     from evollm.checkpoint import load_agent
 
     t0, t1 = (load_file(str(zero_run / f"trained-rank{r}.safetensors")) for r in (0, 1))

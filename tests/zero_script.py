@@ -1,8 +1,9 @@
 """Run under ``accelerate launch --config_file configs/deepspeed/zero2.yaml --num_processes 2`` by
 tests/test_zero.py (not a test itself); also the 1-process reference (``scenario`` without a launch).
 
-Members are trained on a FIXED global batch (each process its half of the prompts): two learn steps,
-with a clone made between them, member 1 on its own learning rate and a tight max_grad_norm. Every
+Members are trained on a FIXED global batch (each process its half of the prompts): three learn steps,
+a clone made after the first, the clone's LoRA rank halved after the second, member 1 on its own
+learning rate and a tight max_grad_norm. Every
 process writes its members' adapters and gathered optimizer states, and the size of the optimizer
 state it holds itself; process 0 writes member checkpoints. Then a fresh population is loaded from
 those checkpoints (each process keeps its partition) and takes one more learn step.
@@ -39,10 +40,13 @@ def step(pop, tok, shard=lambda rows: rows):
 
 
 def scenario(shard=lambda rows: rows):
-    """Step, clone member 0, step: the population of 3 members and the grad norms of the steps."""
+    """Step, clone member 0, step, halve the clone's LoRA rank, step: the population of 3 members and
+    the grad norms of the steps."""
     pop, tok = build()
     norms = [[m["grad_norm"] for m in step(pop, tok, shard)]]
     pop.append(pop[0].clone())
+    norms.append([m["grad_norm"] for m in step(pop, tok, shard)])
+    pop[2].set_lora_rank(pop[2].lora_rank // 2)  # new parameters: a new engine under ZeRO
     norms.append([m["grad_norm"] for m in step(pop, tok, shard)])
     return pop, tok, norms
 
@@ -69,7 +73,7 @@ def main(out: Path):
     rank = dist.process_index()
     pop, tok, norms = scenario(dist.shard)
     sizes = {a.index: [a.optimizer.local_state_numel(), a.optimizer.full_state_numel(), type(a.optimizer).__name__,
-                       a.optimizer.zero_stage] for a in pop}
+                       a.optimizer.zero_stage, a.optimizer.local_master_numel()] for a in pop}
     save_file(adapters(pop), str(out / f"trained-rank{rank}.safetensors"))
     save_file(optimizer_states(pop), str(out / f"optimizer-rank{rank}.safetensors"))  # collective gather
     zero.snapshot_members(pop)  # then process 0 alone writes the checkpoints
@@ -83,6 +87,7 @@ def main(out: Path):
         a.release()
     fresh, tok = build()
     fresh.append(fresh[0].clone())
+    fresh[2].set_lora_rank(fresh[2].lora_rank // 2)
     for a in fresh:  # load on every process: each keeps its partition of the full saved state
         a.load_checkpoint(out / f"member-{a.index}")
     step(fresh, tok, dist.shard)
