@@ -191,6 +191,13 @@ class ZeroOptimizer:
         """Elements of the member's fp32 master parameters this process holds (its partition)."""
         return sum(flat.numel() for flat in self._partitions())
 
+    def local_param_numel(self) -> int:
+        """Elements of the member's parameters this process holds as its own: its shard under stage 3
+        (DeepSpeed's ``ds_tensor``), every element under stages 1-2."""
+        if self.zero_stage == 3:
+            return sum(p.ds_tensor.numel() for p in self.params)
+        return sum(p.numel() for p in self.params)
+
     def full_state_numel(self) -> int:
         """Elements of optimizer state the member has in all (both Adam moments of every parameter)."""
         return 2 * sum(p.numel() for p in self.params)

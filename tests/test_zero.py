@@ -73,12 +73,16 @@ def test_each_process_holds_only_its_shard_of_every_members_optimizer_state(zero
     zero_run, zero_stage = zero_run
     infos = [json.loads((zero_run / f"info-rank{r}.json").read_text()) for r in (0, 1)]
     assert infos[0]["sizes"].keys() == {"0", "1", "2"}  # two members and a clone
-    for member, (local0, full, kind, stage, master0) in infos[0]["sizes"].items():
-        local1, master1 = infos[1]["sizes"][member][0], infos[1]["sizes"][member][4]
+    for member, (local0, full, kind, stage, master0, params0) in infos[0]["sizes"].items():
+        local1, master1, params1 = (infos[1]["sizes"][member][i] for i in (0, 4, 5))
         assert kind == "ZeroOptimizer" and stage == zero_stage
         assert local0 + local1 >= full  # together the processes hold the whole state ...
         assert max(local0, local1) <= full // 2 + 64  # ... each only its half (plus alignment padding)
         assert master0 + master1 >= full // 2 and max(master0, master1) <= full // 4 + 64  # fp32 masters too
+        if zero_stage == 3:  # ... and the parameters' own shards
+            assert params0 + params1 >= full // 2 and max(params0, params1) <= full // 4 + 64
+        else:
+            assert params0 == params1 == full // 2
 
 
 def test_zero_update_equals_the_one_process_update(zero_run):

@@ -73,7 +73,8 @@ def main(out: Path):
     rank = dist.process_index()
     pop, tok, norms = scenario(dist.shard)
     sizes = {a.index: [a.optimizer.local_state_numel(), a.optimizer.full_state_numel(), type(a.optimizer).__name__,
-                       a.optimizer.zero_stage, a.optimizer.local_master_numel()] for a in pop}
+                       a.optimizer.zero_stage, a.optimizer.local_master_numel(),
+                       a.optimizer.local_param_numel()] for a in pop}
     save_file(adapters(pop), str(out / f"trained-rank{rank}.safetensors"))
     save_file(optimizer_states(pop), str(out / f"optimizer-rank{rank}.safetensors"))  # collective gather
     zero.snapshot_members(pop)  # then process 0 alone writes the checkpoints
