@@ -46,14 +46,19 @@ def test_stage3_engine_config_keeps_every_adapter_parameter_whole():
     assert "stage3_param_persistence_threshold" not in zero.deepspeed_config(2, None)["zero_optimization"]
 
 
-def test_members_with_several_adapters_refuse_zero(monkeypatch, tiny):
-    from evollm.algorithms.ppo import LLMPPO
+def test_a_member_whose_optimizer_is_not_zero_wrapped_is_refused_in_one_line(monkeypatch, tiny):
+    from evollm import zero
+    from evollm.algorithms.grpo import GRPO
+
+    class Plain(GRPO):
+        def _build_optimizer(self):
+            return torch.optim.SGD(self._param_groups(), lr=0.1)
 
     model, tok = tiny
-    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
-    monkeypatch.setenv("ACCELERATE_DEEPSPEED_ZERO_STAGE", "2")
-    with pytest.raises(ValueError, match="LLMPPO does not support DeepSpeed ZeRO"):
-        LLMPPO(model, pad_token_id=tok.pad_token_id)
+    monkeypatch.setattr(zero, "active", lambda: True)
+    with pytest.raises(ValueError, match="Plain does not support DeepSpeed ZeRO: its optimizer is not built with "
+                                         "evollm.zero.wrap"):
+        Plain(model, pad_token_id=tok.pad_token_id)
 
 
 @pytest.fixture(scope="module", params=[2, 3], ids=["zero2", "zero3"])
@@ -117,3 +122,32 @@ def test_zero_update_equals_the_one_process_update(zero_run):
     for k, v in zero_script.adapters(pop).items():
         assert torch.equal(r0[k], r1[k]), k
         torch.testing.assert_close(r0[k], v, atol=5e-5, rtol=1e-3)
+
+
+def test_actor_critic_members_train_under_zero_as_in_one_process(zero_run):
+    """LLMPPO (critic adapter) and IPPO agents (value head on the actor, fused update): one engine per
+    param group, each group clipped on its own; the same adapters, value heads and optimizer states as
+    one process on the whole batch."""
+    import zero_script
+
+    zero_run, _ = zero_run
+    t0, t1 = (load_file(str(zero_run / f"ppo-rank{r}.safetensors")) for r in (0, 1))
+    o0, o1 = (load_file(str(zero_run / f"ppo-optimizer-rank{r}.safetensors")) for r in (0, 1))
+    for k in t0:
+        assert torch.equal(t0[k], t1[k]), k
+    for k in o0:
+        assert torch.equal(o0[k], o1[k]), k
+    info = json.loads((zero_run / "ppo-rank0.json").read_text())
+    for kind, local, full in info["kinds"]:
+        assert kind == "ZeroGroups" and local <= full // 2 + 128  # each process: about half of the state
+    pop, norms = zero_script.ppo_scenario()
+    ref, ref_opt = zero_script.member_tensors(pop), zero_script.optimizer_states(pop)
+    assert ref.keys() == t0.keys() and ref_opt.keys() == o0.keys()
+    assert any("/critic/" in k for k in ref) and any("/head/" in k for k in ref)
+    for k in ref:  # 4 Adam steps at lr 1e-2: a near-zero gradient's rounding moves an entry by up to ~1e-4;
+        # a wrong reduction shows in the moments and norms below (Adam's step itself is scale-free)
+        torch.testing.assert_close(t0[k], ref[k], atol=5e-4, rtol=1e-3)
+    for k in ref_opt:
+        torch.testing.assert_close(o0[k], ref_opt[k], atol=1e-6, rtol=1e-3)
+    torch.testing.assert_close(torch.tensor(info["norms"]), torch.tensor(norms), atol=1e-5, rtol=1e-4)
+    assert norms[0][0][0] > 1e-3  # the LLMPPO member's max_grad_norm=1e-3 really clipped its actor

@@ -6,7 +6,8 @@ a clone made after the first, the clone's LoRA rank halved after the second, mem
 learning rate and a tight max_grad_norm. Every
 process writes its members' adapters and gathered optimizer states, and the size of the optimizer
 state it holds itself; process 0 writes member checkpoints. Then a fresh population is loaded from
-those checkpoints (each process keeps its partition) and takes one more learn step.
+those checkpoints (each process keeps its partition) and takes one more learn step. Last, actor-critic
+members (LLMPPO, IPPO agents) take two steps each (:func:`ppo_scenario`).
 """
 
 import json
@@ -51,6 +52,41 @@ def scenario(shard=lambda rows: rows):
     return pop, tok, norms
 
 
+def ppo_scenario(shard=lambda rows: rows):
+    """Actor-critic members: an LLMPPO member (critic adapter; its own learn) and two IPPO agents with
+    the value head on the actor (the fused update), two steps each on the fixed global batch. Returns
+    the members and each step's (actor, critic) grad norms."""
+    from data_parallel_script import fixed_batch
+    from evollm.algorithms.ippo import IPPOAgent
+    from evollm.algorithms.ppo import LLMPPO
+    from evollm.models.warm_start import load_tiny_model
+
+    model, tok = load_tiny_model(warm_start=False, seed=0)
+    torch.manual_seed(0)
+    common = dict(pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, batch_size=64, update_epochs=2,
+                  adv_whitening=False, lr=1e-2)
+    ppo = LLMPPO(model, lr_critic=3e-3, max_grad_norm=1e-3, **common)
+    ippo = [IPPOAgent(model, use_separate_critic=False, lr_critic=5e-3, **common) for _ in range(2)]
+    seqs, masks, rewards = fixed_batch(tok)
+    mine = shard(list(range(seqs.shape[0])))
+    exp = (seqs[mine].reshape(-1, seqs.shape[2]), masks[mine].reshape(-1, masks.shape[2]), rewards[mine].reshape(-1))
+    norms = []
+    for _ in range(2):
+        stats = [ppo.learn(exp)] + IPPOAgent.learn_population(ippo, [exp, exp])
+        norms.append([[m["grad_norm_actor"], m["grad_norm_critic"]] for m in stats])
+    return [ppo, *ippo], norms
+
+
+def member_tensors(pop) -> dict:
+    """Every adapter of every role and every value head."""
+    out = {}
+    for a in pop:
+        for role in a.ROLES:
+            out.update({f"{a.index}/{role}/{k}": v.contiguous() for k, v in a.shared.state_dict(a.adapter_name(role)).items()})
+        out.update({f"{a.index}/head/{k}": v.detach().contiguous() for k, v in a.value_head.state_dict().items()})
+    return out
+
+
 def adapters(pop) -> dict:
     return {f"{a.index}/{k}": v.contiguous() for a in pop for k, v in a.shared.state_dict(a.adapter_name()).items()}
 
@@ -93,6 +129,14 @@ def main(out: Path):
         a.load_checkpoint(out / f"member-{a.index}")
     step(fresh, tok, dist.shard)
     save_file(adapters(fresh), str(out / f"resumed-rank{rank}.safetensors"))
+    for a in fresh:
+        a.release()
+
+    members, ppo_norms = ppo_scenario(dist.shard)  # actor-critic members: one engine per param group
+    save_file(member_tensors(members), str(out / f"ppo-rank{rank}.safetensors"))
+    save_file(optimizer_states(members), str(out / f"ppo-optimizer-rank{rank}.safetensors"))
+    (out / f"ppo-rank{rank}.json").write_text(json.dumps({"norms": ppo_norms, "kinds": [
+        [type(a.optimizer).__name__, a.optimizer.local_state_numel(), a.optimizer.full_state_numel()] for a in members]}))
     dist.barrier()
 
 

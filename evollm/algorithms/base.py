@@ -24,8 +24,8 @@ from ..distributed import all_reduce_gradients
 from ..rollout import SamplingConfig, collate_prompts, eos_ids, forward_logprobs
 from ..rollout.sampling import check_extra
 
-_NO_ZERO = ("does not support DeepSpeed ZeRO (only single-adapter members with evollm's AdamW do: GRPO family, "
-            "REINFORCE); launch it without a DeepSpeed config")
+_NO_ZERO = ("does not support DeepSpeed ZeRO: its optimizer is not built with evollm.zero.wrap; launch it without "
+            "a DeepSpeed config")
 
 
 @dataclass
@@ -187,8 +187,6 @@ class LLMAgent:
                  index: int | None = None, lora_config: LoraConfig | None = None,
                  device: str | torch.device | None = None, **hyperparameters):
         self.config = build_config(self.config_cls, config, hyperparameters)
-        if zero.stage() is not None and tuple(self.ROLES) != ("actor",):
-            raise ValueError(f"{type(self).__name__} {_NO_ZERO}")
         check_extra(self.config.generation_overrides)
         if self.config.stop_strings and tokenizer is None:
             raise ValueError("stop_strings need the tokenizer: pass tokenizer= to the member")
@@ -211,6 +209,8 @@ class LLMAgent:
         self._init_extra_modules()
         self.optimizer = self._build_optimizer()
         if zero.active() and not zero.is_zero(self.optimizer):
+            for role in self.ROLES:  # a refused member leaves nothing on the shared base
+                self.shared.delete_adapter(self.adapter_name(role))
             raise ValueError(f"{type(self).__name__} {_NO_ZERO}")
         self.hp_config = hp_config
         if hp_config is not None and hasattr(hp_config, "validate_for"):

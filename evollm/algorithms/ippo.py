@@ -29,6 +29,7 @@ from typing import Any, Callable, ClassVar, Sequence
 
 import torch
 
+from .. import zero
 from .base import build_config
 from .ppo import LLMPPO, LLMPPOConfig
 from .ppo_fused import learn_grouped
@@ -173,8 +174,10 @@ class IPPOAgent(LLMPPO):
 
     def _build_optimizer(self) -> torch.optim.Optimizer:
         c = self.config
-        return torch.optim.AdamW(self._param_groups(), lr=c.lr, weight_decay=c.weight_decay,
-                                 betas=(c.adam_beta1, c.adam_beta2), eps=c.adam_epsilon)
+        # under a DeepSpeed ZeRO launch every param group goes into its own engine (evollm.zero)
+        return zero.wrap(torch.optim.AdamW(self._param_groups(), lr=c.lr, weight_decay=c.weight_decay,
+                                           betas=(c.adam_beta1, c.adam_beta2), eps=c.adam_epsilon),
+                         c.max_grad_norm, self.__dict__.get("optimizer"))
 
     def value_clip_range(self) -> float | None:
         return self.config.value_clip_range

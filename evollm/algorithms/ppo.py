@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from .. import functional as F
+from .. import zero
 from ..distributed import all_reduce_gradients
 from ..rollout import first_target, loss_forward, position_ids_from_mask
 from .base import AgentConfig
@@ -227,14 +228,13 @@ class LLMPPO(EpisodeAgent):
                         sub.action_mask, loss_type="dapo", clip=c.clip_bounds(),
                         ref_logp=ref_logp[rows] if ref_logp is not None else None, beta=c.beta)
                     actor_loss = pg_loss - c.ent_coef * entropy
-                    actor_loss.backward()
+                    zero.track(self.optimizer, actor_loss, "actor").backward()
                 # critic: clipped value loss
                 values, _ = self._state_values(self._token_values(sub.input_ids, sub.attention_mask), sub, token_level)
                 v_loss = F.value_loss(values, old_values[rows], returns[rows], vmask[rows], clip=vclip)
-                (c.vf_coef * v_loss).backward()
-                stats["grad_norm_actor"].append(self._clip("actor"))
-                stats["grad_norm_critic"].append(self._clip("critic"))
-                self.optimizer.step()
+                zero.track(self.optimizer, c.vf_coef * v_loss, "critic").backward()
+                for name, norm in zip(("grad_norm_actor", "grad_norm_critic"), self.clip_and_step_groups()):
+                    stats[name].append(norm)
                 stats["loss"].append(float(actor_loss.detach() + c.vf_coef * v_loss.detach()))
                 stats["policy_loss"].append(float(pg_loss.detach()))
                 stats["value_loss"].append(float(v_loss.detach()))
@@ -249,6 +249,19 @@ class LLMPPO(EpisodeAgent):
                        mean_turns=float(batch.turn_mask().sum(1).float().mean()),
                        completion_length=float(mask.sum(1).float().mean()))
         return metrics
+
+    def clip_and_step_groups(self) -> tuple[float, float]:
+        """Clip the actor's and the critic's gradients to ``max_grad_norm`` each, then one optimizer
+        step; returns both norms before clipping. Under DeepSpeed ZeRO each group is its own engine,
+        which reduces, clips and steps it (:class:`evollm.zero.ZeroGroups`)."""
+        if zero.is_zero(self.optimizer):
+            self.optimizer.max_grad_norm = self.config.max_grad_norm
+            self.optimizer.step()
+            norms = self.optimizer.last_grad_norms
+            return norms["actor"], norms["critic"]
+        norms = self._clip("actor"), self._clip("critic")
+        self.optimizer.step()
+        return norms
 
     def _clip(self, group: str) -> float:
         """Clip one param group's gradient to ``max_grad_norm``; returns the norm before clipping."""

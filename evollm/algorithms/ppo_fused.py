@@ -20,6 +20,7 @@ from typing import Sequence
 import torch
 
 from .. import functional as F
+from .. import zero
 from ..adapters.routing import ROUTED, batch_path, routed
 from .multiturn_rollout import EpisodeBatch, episode_batch
 from ..rollout import position_ids_from_mask
@@ -176,21 +177,22 @@ def ppo_update(agents: Sequence, experiences: Sequence) -> list[dict[str, float]
             logits, hidden = _forward(agents, actors, ids, attn, True, not separate)
             total = 0.0
             for i, (m, r, sub) in enumerate(zip(members, rows, subs)):
-                total = total + _policy_loss(m, r, sub, logits[i * k:(i + 1) * k])
-                if not separate:
-                    total = total + _value_loss(m, r, sub, hidden[i * k:(i + 1) * k])
+                loss = _policy_loss(m, r, sub, logits[i * k:(i + 1) * k])
+                if not separate:  # the value head on the actor: its loss reaches both groups
+                    loss = loss + _value_loss(m, r, sub, hidden[i * k:(i + 1) * k])
+                # under DeepSpeed ZeRO: through the engines of the groups the loss reaches
+                total = total + zero.track(m.agent.optimizer, loss, "actor" if separate else None)
             del logits, hidden
             total.backward()  # each member's loss reaches only its own adapters and value head
             if separate:
                 hidden = _forward(agents, critics, ids, attn, True, True)[1]
-                total = sum(_value_loss(m, r, sub, hidden[i * k:(i + 1) * k])
+                total = sum(zero.track(m.agent.optimizer, _value_loss(m, r, sub, hidden[i * k:(i + 1) * k]), "critic")
                             for i, (m, r, sub) in enumerate(zip(members, rows, subs)))
                 del hidden
                 total.backward()
             for m in members:
-                m.stats["grad_norm_actor"].append(m.agent._clip("actor"))
-                m.stats["grad_norm_critic"].append(m.agent._clip("critic"))
-                m.agent.optimizer.step()
+                for name, norm in zip(("grad_norm_actor", "grad_norm_critic"), m.agent.clip_and_step_groups()):
+                    m.stats[name].append(norm)
                 m.agent.optimizer.zero_grad(set_to_none=True)
     return [_finish(m) for m in members]
 
