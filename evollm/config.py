@@ -336,9 +336,11 @@ class TrainSection(Section):
                                           "SIGINT/SIGTERM and at the end); null: every evaluation_interval; "
                                           "0: only at selections, signals and the end.")
     keep_checkpoints: int | None = option(3, "Newest checkpoints kept; null keeps all.")
-    episodes_per_step: int = option(16, "Training seeds per step of a multi-turn game.",
+    episodes_per_step: int = option(16, "Training seeds per step of a multi-turn game (all processes together: "
+                                    "a multiple of their number under accelerate launch).",
                                     when={"env.type": ("multiturn",)})
-    eval_episodes: int = option(64, "Fixed greedy evaluation episodes of a multi-turn game.",
+    eval_episodes: int = option(64, "Fixed greedy evaluation episodes of a multi-turn game (split over processes: "
+                                "a multiple of their number under accelerate launch).",
                                 when={"env.type": ("multiturn",)})
 
     def finalize(self) -> None:

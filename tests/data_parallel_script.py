@@ -2,6 +2,8 @@
 
 Part 1: ``evollm train`` (CLI entry point) on the demo config, shortened, with selection and mutation.
 Part 2: two learn steps of a fresh population on a FIXED global batch (each process its half).
+Part 3: ``evollm train`` on a multi-turn game with LLMPPO members, shortened, with selection.
+Part 4: actor-critic members (tests/zero_script.py ``ppo_scenario``) on the fixed global batch.
 Every process saves its members' adapters to OUT/<part>-rank<r>.safetensors.
 """
 
@@ -71,6 +73,37 @@ def main(out: Path, cache_dir: str):
         exp = (seqs[mine].reshape(-1, seqs.shape[2]), masks[mine].reshape(-1, masks.shape[2]), rewards[mine])
         learn_all(pop, [exp, exp])
     save_members(pop, out / f"fixed-rank{rank}.safetensors")
+    for a in pop:
+        a.release()
+
+    # Part 3: `evollm train` on a multi-turn game (LLMPPO), each process its half of the episodes
+    captured.clear()
+    run_multiturn = runners.run_multiturn
+
+    def capture_multiturn(*args, **kwargs):
+        result = run_multiturn(*args, **kwargs)
+        captured["agents"] = result["agents"]
+        return result
+
+    runners.run_multiturn = capture_multiturn
+    rc = cli_main(["train", "configs/ppo_multiturn.yaml", "--quiet", "--set", f"output_dir={out / 'multiturn'}",
+                   "--set", f"model.cache_dir={cache_dir}", "--set", "algorithm.population_size=2",
+                   "--set", "train.max_steps=4", "--set", "train.evaluation_interval=2", "--set", "train.evo_steps=2",
+                   "--set", "train.episodes_per_step=4", "--set", "train.eval_episodes=4"])
+    assert rc == 0, rc
+    agents = captured["agents"]
+    tensors = {f"{a.index}/{role}/{k}": v.contiguous() for a in agents for role in a.ROLES
+               for k, v in a.shared.state_dict(a.adapter_name(role)).items()}
+    tensors.update({f"{a.index}/head/{k}": v.detach().contiguous() for a in agents for k, v in a.value_head.state_dict().items()})
+    save_file(tensors, str(out / f"multiturn-rank{rank}.safetensors"))
+    (out / f"multiturn-rank{rank}.json").write_text(json.dumps([a.fitness for a in agents]))
+
+    # Part 4: actor-critic members (LLMPPO, IPPO agents) on the fixed global batch
+    from zero_script import member_tensors, ppo_scenario
+
+    members, norms = ppo_scenario(dist.shard)
+    save_file(member_tensors(members), str(out / f"ppo-rank{rank}.safetensors"))
+    (out / f"ppo-rank{rank}.json").write_text(json.dumps(norms))
     dist.barrier()
 
 

@@ -1,5 +1,6 @@
 """Multi-process data parallel (accelerate launch, 2 CPU processes, gloo): the population stays
-identical on every process, and an update equals the 1-process update on the same global batch."""
+identical on every process (single-turn and multi-turn runs), and an update equals the 1-process
+update on the same global batch (GRPO, LLMPPO, IPPO agents)."""
 
 import json
 import os
@@ -29,7 +30,10 @@ def two_process_run(tmp_path_factory, cache_dir):
         pytest.fail("accelerate's launcher is not on PATH")
     from evollm.models.warm_start import load_tiny_model
 
-    load_tiny_model(warm_start=True, cache_dir=cache_dir)  # build the cache once, before two processes race
+    from evollm.models.multiturn_warm_start import load_tiny_multiturn_model
+
+    load_tiny_model(warm_start=True, cache_dir=cache_dir)  # build the caches once, before two processes race
+    load_tiny_multiturn_model("guess_number", warm_start=True, cache_dir=cache_dir)
     out = tmp_path_factory.mktemp("dp")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     cmd = ["accelerate", "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision",
@@ -50,7 +54,7 @@ def test_population_is_identical_on_every_process(two_process_run):
     assert json.loads((out / "run-rank0.json").read_text()) == json.loads((out / "run-rank1.json").read_text())
     summary = json.loads((out / "run" / "summary.json").read_text())
     assert summary["num_processes"] == 2
-    assert stdout.count("warm start:") == 1  # only the main process prints
+    assert stdout.count("warm start: held-out") == 1  # only the main process prints
 
 
 def test_two_process_update_equals_one_process_update_on_the_same_global_batch(two_process_run):
@@ -75,3 +79,30 @@ def test_two_process_update_equals_one_process_update_on_the_same_global_batch(t
             torch.testing.assert_close(r0[f"{a.index}/{k}"], v, atol=5e-5, rtol=1e-3)  # Adam amplifies float rounding on tiny grads
         moved = max((a.shared.state_dict(a.adapter_name())[k] - before[a.index][k]).abs().max() for k in before[a.index])
         assert moved > 1e-4  # the update did something
+
+
+def test_multiturn_population_is_identical_on_every_process(two_process_run):
+    out, stdout = two_process_run
+    t0, t1 = (load_file(str(out / f"multiturn-rank{r}.safetensors")) for r in (0, 1))
+    assert t0.keys() == t1.keys() and any("/critic/" in k for k in t0)
+    for k in t0:
+        assert torch.equal(t0[k], t1[k]), k
+    f0, f1 = (json.loads((out / f"multiturn-rank{r}.json").read_text()) for r in (0, 1))
+    assert f0 == f1 and any(len(f) >= 2 for f in f0)  # the same fitness (returns summed over processes)
+    assert stdout.count("warm start: success") == 1  # only the main process prints
+    assert json.loads((out / "multiturn" / "summary.json").read_text())["num_processes"] == 2
+
+
+def test_actor_critic_update_equals_one_process_update_on_the_same_global_batch(two_process_run):
+    import zero_script
+
+    out, _ = two_process_run
+    t0, t1 = (load_file(str(out / f"ppo-rank{r}.safetensors")) for r in (0, 1))
+    pop, norms = zero_script.ppo_scenario()
+    ref = zero_script.member_tensors(pop)
+    assert ref.keys() == t0.keys()
+    for k in ref:
+        assert torch.equal(t0[k], t1[k]), k
+        torch.testing.assert_close(t0[k], ref[k], atol=5e-4, rtol=1e-3)  # as in tests/test_zero.py
+    dp_norms = json.loads((out / "ppo-rank0.json").read_text())
+    torch.testing.assert_close(torch.tensor(sum(dp_norms, [])), torch.tensor(sum(norms, [])), atol=1e-5, rtol=1e-4)

@@ -54,8 +54,10 @@ def scenario(shard=lambda rows: rows):
 
 def ppo_scenario(shard=lambda rows: rows):
     """Actor-critic members: an LLMPPO member (critic adapter; its own learn) and two IPPO agents with
-    the value head on the actor (the fused update), two steps each on the fixed global batch. Returns
-    the members and each step's (actor, critic) grad norms."""
+    the value head on the actor (the fused update), two steps on the fixed global batch; clones of the
+    LLMPPO member and of an IPPO agent (their full optimizer states loaded into new engines) take the
+    second step too.
+    Returns the members and each step's (actor, critic) grad norms."""
     from data_parallel_script import fixed_batch
     from evollm.algorithms.ippo import IPPOAgent
     from evollm.algorithms.ppo import LLMPPO
@@ -70,11 +72,12 @@ def ppo_scenario(shard=lambda rows: rows):
     seqs, masks, rewards = fixed_batch(tok)
     mine = shard(list(range(seqs.shape[0])))
     exp = (seqs[mine].reshape(-1, seqs.shape[2]), masks[mine].reshape(-1, masks.shape[2]), rewards[mine].reshape(-1))
-    norms = []
+    norms, clones = [], []
     for _ in range(2):
-        stats = [ppo.learn(exp)] + IPPOAgent.learn_population(ippo, [exp, exp])
+        stats = [m.learn(exp) for m in [ppo, *clones]] + IPPOAgent.learn_population(ippo, [exp, exp])
         norms.append([[m["grad_norm_actor"], m["grad_norm_critic"]] for m in stats])
-    return [ppo, *ippo], norms
+        clones = clones or [ppo.clone(), ippo[0].clone()]  # full optimizer states loaded into new engines
+    return [ppo, *ippo, *clones], norms
 
 
 def member_tensors(pop) -> dict:

@@ -13,6 +13,11 @@
 * ``evaluate``: fitness = mean episode return over a fixed set of seeded episodes
   (``eval_episodes`` seeds, disjoint from training seeds), greedy decoding, identical for
   every member.
+
+Under ``accelerate launch --num_processes N`` every process plays its contiguous ``1/N`` of the step's
+seeds and of the evaluation seeds (both must split evenly); members' gradients are averaged over
+processes and the returns summed, so every process takes the same decisions (see
+:mod:`evollm.distributed`).
 """
 
 from __future__ import annotations
@@ -25,10 +30,12 @@ from typing import Callable, Sequence
 import torch
 from tqdm.auto import tqdm
 
+from .. import distributed as dist
 from ..algorithms.grpo import GRPO
 from ..population import Population
 from ..rollout import Episode, EnvPool, collect_episodes, stack_episodes
 from ..run.measure import member_tokens, with_costs
+from .data_parallel import seed_sampling
 from .loop import closing_all, evolve, run_callbacks
 
 #: Evaluation seeds start here, far from the training seeds (``seed * 10**6 + step * episodes_per_step + i``).
@@ -97,6 +104,11 @@ def finetune_llm_multiturn(pop: Sequence, max_turns: int, env_factory: Callable[
     if max_turns < 1 or episodes_per_step < 1 or eval_episodes < 1:
         raise ValueError(f"max_turns, episodes_per_step and eval_episodes must be >= 1, got {max_turns}, "
                          f"{episodes_per_step}, {eval_episodes}")
+    dist.init()
+    for name, n in (("episodes_per_step", episodes_per_step), ("eval_episodes", eval_episodes)):
+        if n % dist.num_processes():
+            raise ValueError(f"{name}={n} does not split over {dist.num_processes()} processes; use a multiple of "
+                             "the number of processes")
     pool = EnvPool(env_factory)
     eval_seeds = [EVAL_SEED_OFFSET + seed * 10**6 + i for i in range(eval_episodes)]
     progress = {"step": 0}
@@ -105,6 +117,8 @@ def finetune_llm_multiturn(pop: Sequence, max_turns: int, env_factory: Callable[
         progress["step"] = step + 1
         active = [a for a in agents if not getattr(a, "quarantined", False)]
         seeds = [seed * 10**6 + step * episodes_per_step + i for i in range(episodes_per_step)]
+        seeds = dist.shard(seeds, "episodes (episodes_per_step)")  # multi-process: this process's share
+        seed_sampling(seed, step)
         groups = [max(1, int(getattr(a.config, "group_size", 1))) for a in active]
         envs = pool.get(len(seeds) * sum(groups))
         started = time.perf_counter()
@@ -117,7 +131,12 @@ def finetune_llm_multiturn(pop: Sequence, max_turns: int, env_factory: Callable[
                           time.perf_counter() - learnt)
 
     def evaluate(agents):
-        fitness, episodes = evaluate_episodes(agents, pool, eval_seeds, max_turns)
+        mine = dist.shard(eval_seeds, "evaluation episodes (eval_episodes)")
+        fitness, episodes = evaluate_episodes(agents, pool, mine, max_turns, record=False)
+        if dist.is_distributed():  # every process the same fitness: the mean return over all seeds
+            fitness = dist.all_reduce_mean(fitness).tolist()
+        for agent, f in zip(agents, fitness):
+            agent.fitness.append(f)
         if on_evaluation is not None:
             on_evaluation(progress["step"], agents, episodes)
         return fitness
@@ -167,12 +186,17 @@ def run_multiturn_from_config(cfg, members, tokenizer, train_cfg: dict, evo_step
     seeds = [EVAL_SEED_OFFSET + seed * 10**6 + i for i in range(eval_n)]  # the loop's own evaluation seeds
     fit0, eps0 = evaluate_episodes(members[:1], pool, seeds, max_turns, record=False)
     initial_success = success_rate(eps0[members[0].index])
-    print(f"warm start: success {initial_success:.3f}, mean return {fit0[0]:.3f} on {eval_n} fixed greedy episodes")
+    if dist.is_main_process():
+        print(f"warm start: success {initial_success:.3f}, mean return {fit0[0]:.3f} on {eval_n} fixed greedy "
+              "episodes")
     successes: dict[int, float] = {}
 
-    def log(step, agents, episodes):
-        successes.update({a.index: success_rate(episodes[a.index]) for a in agents})
-        if not quiet:
+    def log(step, agents, episodes):  # multi-process: equal shares of the seeds, so the mean of the rates
+        rates = [success_rate(episodes[a.index]) for a in agents]
+        if dist.is_distributed():
+            rates = dist.all_reduce_mean(rates).tolist()
+        successes.update({a.index: r for a, r in zip(agents, rates)})
+        if not quiet and dist.is_main_process():
             tqdm.write(f"step {step:>5}  success " + " ".join(f"{successes[a.index]:.3f}" for a in agents))
 
     agents, population = finetune_llm_multiturn(

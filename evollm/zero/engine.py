@@ -9,6 +9,8 @@ from typing import Sequence
 
 import torch
 
+from .. import distributed as dist
+
 _MOMENTS = ("exp_avg", "exp_avg_sq")
 PERSIST_ALL = 2 ** 62
 
@@ -194,7 +196,6 @@ class ZeroOptimizer:
             self._load(state)
 
     def _load(self, state: dict) -> None:
-        from deepspeed.utils import safe_set_full_optimizer_state
 
         for group, saved in zip(self.param_groups, state["param_groups"]):
             for k, v in saved.items():
@@ -215,14 +216,33 @@ class ZeroOptimizer:
                 for i, p in enumerate(ps, start=pid):
                     for k in _MOMENTS:
                         value = entries[i][k] if i in entries else torch.zeros_like(p)
-                        safe_set_full_optimizer_state(p, value.to(flat.device, flat.dtype).reshape(-1), k)
+                        self._set_full(p, value.to(flat.device, flat.dtype).reshape(-1), k)
             pid += len(ps)
         self._snapshot = None
+
+    def _set_full(self, param: torch.nn.Parameter, value: torch.Tensor, key: str | None = None) -> None:
+        """Give this process its partition of ``value``: the parameter's fp32 master copy (``key`` None)
+        or an Adam moment. DeepSpeed's ``safe_set_full_*`` do it, except that under stage 3 a tensor
+        with fewer elements than processes (a value head's bias) overruns its padded partitions; that
+        case takes this process's slice here, zero-padded, as DeepSpeed lays it out."""
+        from deepspeed.utils import safe_set_full_fp32_param, safe_set_full_optimizer_state
+
+        if self.zero_stage < 3 or value.numel() % dist.num_processes() == 0:
+            if key is None:
+                safe_set_full_fp32_param(param, value)
+            else:
+                safe_set_full_optimizer_state(param, value, key)
+            return
+        part, _ = self.zero._get_fp32_opt_state_partition(param, release_swap_buffers=False, optim_state_key=key)
+        size = param.ds_tensor.numel()  # the padded partition of every process
+        start = size * self.zero._get_param_partition_rank(param)
+        piece = value.reshape(-1)[start:start + min(size, part.numel())]
+        part.data.zero_()
+        part.data[:piece.numel()].copy_(piece)
 
     def reset(self, optimizer: torch.optim.Optimizer, max_grad_norm: float | None) -> None:
         """A fresh optimizer on the same engine: ``optimizer``'s group settings, Adam moments and step
         counts zero, the fp32 master copy taken from the parameters as they are now (e.g. just loaded)."""
-        from deepspeed.utils import safe_set_full_fp32_param
 
         for group, fresh in zip(self.param_groups, optimizer.param_groups):
             for k, v in fresh.items():
@@ -230,7 +250,7 @@ class ZeroOptimizer:
                     group[k] = copy.deepcopy(v)
         with _trainable(self.params):
             for p in self.params:
-                safe_set_full_fp32_param(p, p.detach().clone())
+                self._set_full(p, p.detach().clone())
         if self.zero_stage == 3:  # the parameters' own partitions follow their fp32 master copy
             for i in range(len(self.zero.fp16_groups)):
                 self.zero._reassign_or_swap_out_partitioned_parameters(i)
