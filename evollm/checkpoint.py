@@ -118,7 +118,10 @@ def save_agent(agent, path: str | Path) -> Path:
 
 
 def write_agent(agent, path: Path) -> Path:
-    """The files of one member into ``path`` (no manifest: part of a larger checkpoint)."""
+    """The files of one member into ``path`` (no manifest: part of a larger checkpoint). A member made of
+    several agents (an IPPO team) writes itself (its ``write_checkpoint``)."""
+    if hasattr(agent, "write_checkpoint"):
+        return agent.write_checkpoint(path)
     path.mkdir(parents=True, exist_ok=True)
     for role in agent.ROLES:
         save_adapter(agent.shared, agent.adapter_name(role), path / role_dir(role))

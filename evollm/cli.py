@@ -150,9 +150,6 @@ def run(cfg, resume: bool, quiet: bool = False) -> dict:
                  "max_time": cfg.train.max_time}
     train_cfg["callbacks"] = run_callbacks(cfg, out) if main else []  # only the main process writes
     env_type = cfg.env.type
-    if env_type not in ("reasoning", "multiturn") and dist.is_distributed():
-        raise ValueError(f"env.type={env_type!r}: multi-process training supports env.type 'reasoning' and "
-                         "'multiturn'")
     if cfg.rollout_backend != "hf":
         if env_type != "reasoning":
             raise ValueError(f"rollout_backend={cfg.rollout_backend!r} supports env.type 'reasoning' only")

@@ -3,7 +3,8 @@
 Part 1: ``evollm train`` (CLI entry point) on the demo config, shortened, with selection and mutation.
 Part 2: two learn steps of a fresh population on a FIXED global batch (each process its half).
 Part 3: ``evollm train`` on a multi-turn game with LLMPPO members, shortened, with selection.
-Part 4: actor-critic members (tests/zero_script.py ``ppo_scenario``) on the fixed global batch.
+Part 4: ``evollm train`` on a team task (IPPO teams), shortened, with selection.
+Part 5: actor-critic members (tests/zero_script.py ``ppo_scenario``) on the fixed global batch.
 Every process saves its members' adapters to OUT/<part>-rank<r>.safetensors.
 """
 
@@ -33,30 +34,43 @@ def fixed_batch(tok, n_prompts=4, group=4, width=6, seed=0):
     return seqs, masks, rewards
 
 
-def main(out: Path, cache_dir: str):
-    from evollm import distributed as dist
+def train_cli(runner: str, config: str, out: Path, cache_dir: str, *settings: str) -> list:
+    """``evollm train CONFIG`` (shortened by ``settings``); returns the final members, caught from
+    :mod:`evollm.runners`' ``runner``."""
     from evollm import runners
     from evollm.cli import main as cli_main
 
     captured = {}
-    run_reasoning = runners.run_reasoning
+    original = getattr(runners, runner)
 
     def capture(*args, **kwargs):
-        result = run_reasoning(*args, **kwargs)
+        result = original(*args, **kwargs)
         captured["agents"] = result["agents"]
         return result
 
-    runners.run_reasoning = capture
-    rc = cli_main(["train", "configs/demo.yaml", "--quiet", "--set", f"output_dir={out / 'run'}",
-                   "--set", f"model.cache_dir={cache_dir}", "--set", "algorithm.population_size=2",
-                   "--set", "env.data_batch_size_per_gpu=2", "--set", "algorithm.hyperparameters.group_size=4",
-                   "--set", "algorithm.hyperparameters.batch_size=8",
-                   "--set", "train.max_steps=4", "--set", "train.evaluation_interval=2", "--set", "train.evo_steps=2",
-                   "--set", "task.n_test=8", "--set", "hpo.mutation={no_mutation: 0.0, rl_hp: 1.0}"])
+    setattr(runners, runner, capture)
+    try:
+        args = ["train", config, "--quiet", "--set", f"output_dir={out}", "--set", f"model.cache_dir={cache_dir}",
+                "--set", "train.max_steps=4", "--set", "train.evaluation_interval=2", "--set", "train.evo_steps=2"]
+        rc = cli_main(args + [x for setting in settings for x in ("--set", setting)])
+    finally:
+        setattr(runners, runner, original)
     assert rc == 0, rc
+    return captured["agents"]
+
+
+def main(out: Path, cache_dir: str):
+    from evollm import distributed as dist
+    from zero_script import member_tensors, ppo_scenario
+
+    dist.init()
     rank = dist.process_index()
-    save_members(captured["agents"], out / f"run-rank{rank}.safetensors")
-    (out / f"run-rank{rank}.json").write_text(json.dumps([a.fitness for a in captured["agents"]]))
+    agents = train_cli("run_reasoning", "configs/demo.yaml", out / "run", cache_dir, "algorithm.population_size=2",
+                       "env.data_batch_size_per_gpu=2", "algorithm.hyperparameters.group_size=4",
+                       "algorithm.hyperparameters.batch_size=8", "task.n_test=8",
+                       "hpo.mutation={no_mutation: 0.0, rl_hp: 1.0}")
+    save_members(agents, out / f"run-rank{rank}.safetensors")
+    (out / f"run-rank{rank}.json").write_text(json.dumps([a.fitness for a in agents]))
 
     # Part 2: fixed global batch, each process its half of the prompts
     from evollm.models.warm_start import load_tiny_model
@@ -76,36 +90,26 @@ def main(out: Path, cache_dir: str):
     for a in pop:
         a.release()
 
-    # Part 3: `evollm train` on a multi-turn game (LLMPPO), each process its half of the episodes
-    captured.clear()
-    run_multiturn = runners.run_multiturn
-
-    def capture_multiturn(*args, **kwargs):
-        result = run_multiturn(*args, **kwargs)
-        captured["agents"] = result["agents"]
-        return result
-
-    runners.run_multiturn = capture_multiturn
-    rc = cli_main(["train", "configs/ppo_multiturn.yaml", "--quiet", "--set", f"output_dir={out / 'multiturn'}",
-                   "--set", f"model.cache_dir={cache_dir}", "--set", "algorithm.population_size=2",
-                   "--set", "train.max_steps=4", "--set", "train.evaluation_interval=2", "--set", "train.evo_steps=2",
-                   "--set", "train.episodes_per_step=4", "--set", "train.eval_episodes=4"])
-    assert rc == 0, rc
-    agents = captured["agents"]
-    tensors = {f"{a.index}/{role}/{k}": v.contiguous() for a in agents for role in a.ROLES
-               for k, v in a.shared.state_dict(a.adapter_name(role)).items()}
-    tensors.update({f"{a.index}/head/{k}": v.detach().contiguous() for a in agents for k, v in a.value_head.state_dict().items()})
-    save_file(tensors, str(out / f"multiturn-rank{rank}.safetensors"))
+    # Part 3: a multi-turn game (LLMPPO), each process its half of the episodes
+    agents = train_cli("run_multiturn", "configs/ppo_multiturn.yaml", out / "multiturn", cache_dir,
+                       "algorithm.population_size=2", "train.episodes_per_step=4", "train.eval_episodes=4")
+    save_file(member_tensors(agents), str(out / f"multiturn-rank{rank}.safetensors"))
     (out / f"multiturn-rank{rank}.json").write_text(json.dumps([a.fitness for a in agents]))
 
-    # Part 4: actor-critic members (LLMPPO, IPPO agents) on the fixed global batch
-    from zero_script import member_tensors, ppo_scenario
+    # Part 4: a team task (IPPO teams), each process its half of the rows
+    teams = train_cli("run_team", "configs/ippo_team.yaml", out / "team", cache_dir,
+                      "algorithm.hyperparameters.rollout_buffer_size=8", "algorithm.hyperparameters.mini_batch_size=4")
+    tensors = {f"{t.index}/{i}/{k}": v for t in teams for i, a in enumerate(t.agents) for k, v in member_tensors([a]).items()}
+    save_file(tensors, str(out / f"team-rank{rank}.safetensors"))
+    (out / f"team-rank{rank}.json").write_text(json.dumps([t.fitness for t in teams]))
+    for t in teams:
+        t.release()
 
+    # Part 5: actor-critic members (LLMPPO, IPPO agents) on the fixed global batch
     members, norms = ppo_scenario(dist.shard)
     save_file(member_tensors(members), str(out / f"ppo-rank{rank}.safetensors"))
     (out / f"ppo-rank{rank}.json").write_text(json.dumps(norms))
     dist.barrier()
-
 
 if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).parent))

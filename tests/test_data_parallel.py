@@ -30,10 +30,12 @@ def two_process_run(tmp_path_factory, cache_dir):
         pytest.fail("accelerate's launcher is not on PATH")
     from evollm.models.warm_start import load_tiny_model
 
+    from evollm.models.coop_warm_start import load_tiny_coop_model
     from evollm.models.multiturn_warm_start import load_tiny_multiturn_model
 
     load_tiny_model(warm_start=True, cache_dir=cache_dir)  # build the caches once, before two processes race
     load_tiny_multiturn_model("guess_number", warm_start=True, cache_dir=cache_dir)
+    load_tiny_coop_model(warm_start=True, cache_dir=cache_dir)
     out = tmp_path_factory.mktemp("dp")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     cmd = ["accelerate", "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision",
@@ -91,6 +93,18 @@ def test_multiturn_population_is_identical_on_every_process(two_process_run):
     assert f0 == f1 and any(len(f) >= 2 for f in f0)  # the same fitness (returns summed over processes)
     assert stdout.count("warm start: success") == 1  # only the main process prints
     assert json.loads((out / "multiturn" / "summary.json").read_text())["num_processes"] == 2
+
+
+def test_team_population_is_identical_on_every_process(two_process_run):
+    out, stdout = two_process_run
+    t0, t1 = (load_file(str(out / f"team-rank{r}.safetensors")) for r in (0, 1))
+    assert t0.keys() == t1.keys() and any("/critic/" in k for k in t0)
+    for k in t0:
+        assert torch.equal(t0[k], t1[k]), k
+    f0, f1 = (json.loads((out / f"team-rank{r}.json").read_text()) for r in (0, 1))
+    assert f0 == f1 and any(len(f) >= 2 for f in f0)
+    assert stdout.count("warm start: joint reward") == 1
+    assert json.loads((out / "team" / "summary.json").read_text())["num_processes"] == 2
 
 
 def test_actor_critic_update_equals_one_process_update_on_the_same_global_batch(two_process_run):

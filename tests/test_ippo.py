@@ -287,3 +287,36 @@ def test_comlrl_style_trainer_runs_and_saves(tmp_path):
     assert len(population.report()) == 2 and teams[0].steps == 2
     path = trainer.save_model()
     assert (path / "team.json").exists() and (path / "agent_1" / "adapter" / "adapter_model.safetensors").exists()
+
+
+def _team_run(ckpt, resume=False, callbacks=()):
+    torch.manual_seed(0)
+    model = build_tiny_model(TOK, seed=0)
+    hp = HyperparameterConfig(**{"agent0.actor_learning_rate": RLParameter(min=1e-3, max=5e-2, log=True)})
+    teams = [make_team(model, hp_config=hp, num_turns=1, use_separate_critic=i == 0) for i in range(2)]
+    return finetune_ippo(teams, make_task(num_turns=1, reward=relay_sum_reward), max_steps=4, evaluation_interval=2,
+                         evo_steps=2, tournament=TournamentSelection(tournament_size=2, population_size=2, rand_seed=0),
+                         mutation=Mutations(no_mutation=0.0, rl_hp=1.0, rand_seed=0), verbose=False,
+                         checkpoint_dir=ckpt, checkpoint_every=1, callbacks=callbacks, resume=resume)
+
+
+def test_an_interrupted_team_run_resumes_exactly(tmp_path):
+    """Run checkpoints hold whole teams (every agent, the task's position in its rows): a run stopped
+    after step 3 and resumed ends bit-identical to the uninterrupted run."""
+    from evollm.training import Callback
+
+    class StopAt(Callback):
+        def on_step_complete(self, state):
+            if state.step == 3:
+                raise KeyboardInterrupt
+
+    teams, record = _team_run(tmp_path / "a")
+    with pytest.raises(KeyboardInterrupt):
+        _team_run(tmp_path / "b", callbacks=[StopAt()])
+    again, record2 = _team_run(tmp_path / "b", resume=True)
+    assert [t.index for t in teams] == [t.index for t in again]
+    for team, other in zip(teams, again):
+        one, two = (dict(pair for agent in t.agents for pair in agent_tensors(agent).items()) for t in (team, other))
+        assert one.keys() == two.keys() and all(torch.equal(one[k], two[k]) for k in one)
+        assert team.fitness == other.fitness and team.agent_hyperparameters() == other.agent_hyperparameters()
+    assert record.report().equals(record2.report())

@@ -384,6 +384,11 @@ class IPPOTeam:
     def save_checkpoint(self, path) -> Path:
         """``team.json`` + ``agent_<i>/`` per agent (its actor adapter in ``agent_<i>/adapter`` loads with
         ``PeftModel.from_pretrained``; critic, value head and optimizer as safetensors)."""
+        return self.write_checkpoint(Path(path))
+
+    def write_checkpoint(self, path: Path) -> Path:
+        """The team's files into ``path`` (what :meth:`save_checkpoint` writes; a run checkpoint writes
+        every team this way inside its own atomic folder)."""
         from ..checkpoint import _jsonable, save_agent
 
         path = Path(path)
@@ -393,13 +398,13 @@ class IPPOTeam:
         info = {"algorithm": type(self).__name__, "index": self.index, "config": _jsonable(self.config),
                 "hp_config": self.hp_config.to_dict() if self.hp_config is not None else None,
                 "fitness": [_jsonable(f) for f in self.fitness], "scores": [_jsonable(s) for s in self.scores],
-                "steps": self.steps, "agents": [a.index for a in self.agents],
+                "steps": self.steps, "agents": [a.index for a in self.agents], "lora_rank": self.lora_rank,
                 "pad_token_id": self.pad_token_id, "pad_token": self.agents[0].pad_token,
                 "eos_token_id": self.agents[0].eos_token_id}
         (path / "team.json").write_text(json.dumps(info, indent=1))
         return path
 
-    def load_checkpoint(self, path, merge_lora_configs: bool = False) -> None:
+    def load_checkpoint(self, path, merge_lora_configs: bool = False, verify_manifest: bool = True) -> None:
         """Load a team checkpoint into this live team (same number of agents)."""
         from ..checkpoint import load_agent
 
@@ -408,7 +413,8 @@ class IPPOTeam:
         if len(info["agents"]) != self.num_agents:
             raise ValueError(f"checkpoint at {path} has {len(info['agents'])} agents, this team {self.num_agents}")
         for i, agent in enumerate(self.agents):
-            load_agent(agent, path / f"agent_{i}", merge_lora_configs=merge_lora_configs)
+            load_agent(agent, path / f"agent_{i}", merge_lora_configs=merge_lora_configs,
+                       verify_manifest=verify_manifest)
         self.config = dataclasses.replace(self.config, **info["config"])
         if info.get("hp_config") is not None:
             from ..hpo import HyperparameterConfig

@@ -115,6 +115,20 @@ class TeamTask:
         self._order: list[int] = []
 
     # ------------------------------------------------------------------ rows and prompts
+    def state_dict(self) -> dict:
+        """Where the training rows are (JSON): the shuffling generator and the rows left in this pass."""
+        version, internal, gauss = self._rng.getstate()
+        return {"rng": [version, list(internal), gauss], "order": list(self._order), "train_rows": len(self.train_rows)}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue the training rows exactly where :meth:`state_dict` left them."""
+        if state["train_rows"] != len(self.train_rows):
+            raise ValueError(f"task state is for {state['train_rows']} training rows, this task has "
+                             f"{len(self.train_rows)}")
+        version, internal, gauss = state["rng"]
+        self._rng.setstate((version, tuple(internal), gauss))
+        self._order = [int(i) for i in state["order"]]
+
     def next_rows(self, n: int) -> list[dict]:
         """The next ``n`` training rows (reshuffled after each pass)."""
         out = []

@@ -195,7 +195,8 @@ def restore_members(live: list, folder: Path, ids: list[int]) -> list:
     out = []
     for index in ids:
         member_dir = folder / f"member_{index}"
-        info = json.loads((member_dir / "agent.json").read_text())
+        info_file = member_dir / "agent.json"
+        info = json.loads((info_file if info_file.is_file() else member_dir / "team.json").read_text())
         agent = by_index.get(index)
         if agent is None:
             template.shared._used_ids.discard(index)  # the same member returns; no other member gets its id

@@ -4,7 +4,9 @@
 plays the same ``rollout_buffer_size`` training rows -- all agents of all teams in one batched
 generate per round -- then every agent learns, agents with equal schedules in shared passes) and an
 ``evaluate`` (fitness = mean joint return of each team on the task's fixed evaluation rows, greedy).
-Tournament selection and mutation act on whole teams.
+Tournament selection and mutation act on whole teams. Under ``accelerate launch --num_processes N``
+every process plays its ``1/N`` of the training and evaluation rows (both must split evenly) and the
+agents' gradients are averaged over processes, so every process takes the same decisions.
 
 :class:`IPPOTrainer` is the CoMLRL-style entry point: ``IPPOTrainer(model=..., tokenizer=...,
 reward_func=..., formatters=[...], args=IPPOConfig(...), train_dataset=..., eval_dataset=...).train()``.
@@ -12,16 +14,19 @@ reward_func=..., formatters=[...], args=IPPOConfig(...), train_dataset=..., eval
 
 from __future__ import annotations
 
+import copy
 import math
 from pathlib import Path
 from typing import Callable, Sequence
 
+from .. import distributed as dist
 from ..algorithms.ippo import IPPOConfig, IPPOTeam
 from ..algorithms.ippo_rollout import evaluate_teams, play_teams
 from ..envs.team import TeamTask
 from ..population import Population
 from .callbacks import Callback
-from .loop import evolve
+from .data_parallel import seed_sampling
+from .loop import closing_all, evolve, run_callbacks
 
 #: per-agent training metrics copied into the report (averaged since the previous evaluation)
 AGENT_METRICS = ("policy_loss", "value_loss", "entropy", "clip_fraction", "explained_variance")
@@ -30,28 +35,26 @@ AGENT_METRICS = ("policy_loss", "value_loss", "entropy", "clip_fraction", "expla
 class TeamReport(Callback):
     """Adds per-team success and per-agent columns to the report rows of each evaluation:
     ``success``, ``hp_agent<i>.<name>`` for every per-agent hyperparameter and ``agent<i>.<metric>``
-    for the training metrics of :data:`AGENT_METRICS`."""
+    for the training metrics of :data:`AGENT_METRICS`, averaged over the steps since the previous
+    evaluation (read from the run's metrics record, so a resumed run reports the same)."""
 
     def __init__(self):
         self.success: dict[int, float] = {}
-        self._metrics: dict[int, list[dict]] = {}
-
-    def on_step_end(self, state, metrics) -> None:
-        for index, m in metrics.items():
-            self._metrics.setdefault(index, []).append(m)
 
     def on_evaluation(self, state, fitness) -> None:
-        rows = state.record.rows[-len(state.agents):]
+        record = state.record
+        rows = record.rows[-len(state.agents):]
+        since = max((r["step"] for r in record.rows[:-len(state.agents)]), default=-1)
         for row, team in zip(rows, state.agents):
             row["success"] = self.success.get(team.index, math.nan)
             row.update({f"hp_{k}": v for k, v in team.agent_hyperparameters().items()})
-            steps = self._metrics.get(team.index, [])
+            steps = [m for m in record.metric_rows if m["member"] == team.index and since < m["step"] <= row["step"]]
             for i in range(team.num_agents):
                 for name in AGENT_METRICS:
                     key = f"agent{i}.{name}"
-                    values = [s[key] for s in steps if math.isfinite(s.get(key, math.nan))]
+                    values = [v for v in (s.get(key) for s in steps)
+                              if isinstance(v, (int, float)) and math.isfinite(v)]
                     row[key] = sum(values) / len(values) if values else math.nan
-        self._metrics.clear()
 
 
 def team_metrics(team: IPPOTeam, episodes, agent_metrics: Sequence[dict]) -> dict:
@@ -68,9 +71,14 @@ def finetune_ippo(teams: Sequence[IPPOTeam], task: TeamTask, max_steps: int, eva
                   evo_steps: int | None = None, tournament=None, mutation=None, save_elite: bool = False,
                   elite_path: str | Path | None = None, verbose: bool = True, seed: int = 0,
                   population: Population | None = None, callbacks: Sequence[Callback] = (),
-                  log: Callable[[str], None] | None = None) -> tuple[list, Population]:
+                  log: Callable[[str], None] | None = None, checkpoint_dir: str | Path | None = None,
+                  resume: bool = False, checkpoint_every: int | None = None, keep_checkpoints: int | None = 3,
+                  run_config: dict | None = None, max_time: float | None = None) -> tuple[list, Population]:
     """Train a population of teams on ``task``; returns ``(teams, population)`` like the other loops.
-    ``population.report()`` has one row per team per evaluation, with ``success`` and per-agent columns."""
+    ``population.report()`` has one row per team per evaluation, with ``success`` and per-agent columns.
+    ``checkpoint_dir``, ``resume``, ``checkpoint_every``, ``keep_checkpoints``, ``run_config`` and
+    ``max_time`` are as in :func:`~evollm.training.loop.finetune_llm_reasoning` (the task's position in
+    its training rows is saved with the run)."""
     sizes = {t.config.rollout_buffer_size for t in teams}
     if len(sizes) > 1:
         raise ValueError(f"teams disagree on rollout_buffer_size {sorted(sizes)}; every team plays the same rows")
@@ -78,23 +86,50 @@ def finetune_ippo(teams: Sequence[IPPOTeam], task: TeamTask, max_steps: int, eva
     if len(turns) > 1:
         raise ValueError(f"num_turns differ between the teams and the task: {sorted(turns)}")
     buffer = sizes.pop()
+    dist.init()
+    for name, n in (("rollout_buffer_size", buffer), ("the evaluation rows", len(task.eval_rows))):
+        if n % dist.num_processes():
+            raise ValueError(f"{name} ({n}) does not split over {dist.num_processes()} processes; use a multiple of "
+                             "the number of processes")
     report = TeamReport()
 
     def train_step(agents, step):
         active = [t for t in agents if not getattr(t, "quarantined", False)]
-        rollout = play_teams(active, task, task.next_rows(buffer), training=True)
+        rows = dist.shard(task.next_rows(buffer), "rows (rollout_buffer_size)")  # multi-process: this process's share
+        seed_sampling(seed, step)
+        rollout = play_teams(active, task, rows, training=True)
         results = IPPOTeam.learn_population(active, [rollout.experiences[t.index] for t in active])
         return {t.index: team_metrics(t, rollout.episodes[t.index], r) for t, r in zip(active, results)}
 
     def evaluate(agents):
-        fitness, success = evaluate_teams(agents, task)
+        fitness, success = evaluate_teams_data_parallel(agents, task)
         report.success = {t.index: s for t, s in zip(agents, success)}
         return fitness
 
-    return evolve(teams, train_step, evaluate, max_steps=max_steps, evaluation_interval=evaluation_interval,
-                  evo_steps=evo_steps, tournament=tournament, mutation=mutation, population=population,
-                  save_elite=save_elite, elite_path=elite_path, verbose=verbose, seed=seed,
-                  callbacks=[report, *callbacks], log=log)
+    callbacks = run_callbacks([report, *callbacks], checkpoint_dir, resume, checkpoint_every, keep_checkpoints,
+                              evaluation_interval, env=task, mutation=mutation, selection=tournament, seed=seed,
+                              config=run_config)
+    with closing_all(callbacks):
+        return evolve(teams, train_step, evaluate, max_steps=max_steps, evaluation_interval=evaluation_interval,
+                      evo_steps=evo_steps, tournament=tournament, mutation=mutation, population=population,
+                      save_elite=save_elite, elite_path=elite_path, verbose=verbose, seed=seed,
+                      callbacks=callbacks, log=log, max_time=max_time)
+
+
+def evaluate_teams_data_parallel(teams: Sequence[IPPOTeam], task: TeamTask, record: bool = True
+                                 ) -> tuple[list[float], list[float]]:
+    """:func:`~evollm.algorithms.ippo_rollout.evaluate_teams`, the evaluation rows split over processes
+    (equal shares) and the means averaged, so every process gets the numbers of one whole evaluation."""
+    if not dist.is_distributed():
+        return evaluate_teams(teams, task, record=record)
+    local = copy.copy(task)
+    local.eval_rows = dist.shard(task.eval_rows, "evaluation rows")
+    fitness, success = evaluate_teams(teams, local, record=False)
+    fitness, success = dist.all_reduce_mean(fitness).tolist(), dist.all_reduce_mean(success).tolist()
+    if record:
+        for team, f in zip(teams, fitness):
+            team.fitness.append(f)
+    return fitness, success
 
 
 class IPPOTrainer:
@@ -197,7 +232,8 @@ def run_team_from_config(cfg, teams, tokenizer, train_cfg: dict, evo_steps, sele
     final_success}`` (fitness = mean joint reward; success = fraction of episodes every agent got right)."""
     task = team_task_from_config(cfg.task, cfg.env, tokenizer, int(cfg.seed), teams)
     fit0, succ0 = evaluate_teams(teams[:1], task, record=False)
-    print(f"warm start: joint reward {fit0[0]:.3f}, joint success {succ0[0]:.3f} on {len(task.eval_rows)} fixed "
+    say = print if dist.is_main_process() else (lambda *a, **k: None)
+    say(f"warm start: joint reward {fit0[0]:.3f}, joint success {succ0[0]:.3f} on {len(task.eval_rows)} fixed "
           "greedy episodes")
     report = {}
 
@@ -206,10 +242,12 @@ def run_team_from_config(cfg, teams, tokenizer, train_cfg: dict, evo_steps, sele
             rows = state.record.rows[-len(state.agents):]
             report.update({r["member"]: r.get("success", math.nan) for r in rows})
             if not quiet:
-                print(f"step {state.step:>5}  joint success " + " ".join(f"{report[t.index]:.3f}" for t in state.agents))
+                say(f"step {state.step:>5}  joint success " + " ".join(f"{report[t.index]:.3f}" for t in state.agents))
 
+    train_cfg = dict(train_cfg)
+    callbacks = [_Success(), *train_cfg.pop("callbacks", ())]
     agents, population = finetune_ippo(teams, task, evo_steps=evo_steps, tournament=selection, mutation=mutation,
-                                       verbose=not quiet, seed=int(cfg.seed), callbacks=[_Success()], **train_cfg)
+                                       verbose=not quiet, seed=int(cfg.seed), callbacks=callbacks, **train_cfg)
     best = max(agents, key=lambda t: t.fitness[-1])
     return {"agents": agents, "population": population, "initial_fitness": fit0[0], "final_fitness": best.fitness[-1],
             "initial_success": succ0[0], "final_success": report.get(best.index, math.nan)}
