@@ -232,3 +232,53 @@ def test_finetune_llm_multiturn_evolves_mixed_population(tok):
     assert [s for s, _ in seen] == [2, 4] and all(set(n.values()) == {3} for _, n in seen)
     assert len(agents) == 3 and record.generation == 1
     assert len(record.report()) == 6 and all(len(a.fitness) >= 1 for a in agents)
+
+
+def _multiturn_run(tok, ckpt, resume=False, callbacks=()):
+    from evollm.adapters.shared import default_lora_config
+    from evollm.algorithms.grpo import GRPO
+    from evollm.algorithms.ppo import LLMPPO
+    from evollm.algorithms.reinforce import LLMREINFORCE
+    from evollm.hpo import HyperparameterConfig, Mutations, RLParameter, TournamentSelection
+    from evollm.models.tiny import build_tiny_model
+    from evollm.training.multiturn import finetune_llm_multiturn
+
+    torch.manual_seed(0)
+    model = build_tiny_model(tok, seed=0)
+    common = dict(pad_token_id=tok.pad_token_id, lora_config=default_lora_config(r=4), max_output_tokens=3,
+                  batch_size=4, lr=5e-3)
+    hp = HyperparameterConfig(lr=RLParameter(min=1e-4, max=1e-2, log=True))
+    pop = [LLMPPO(model, hp_config=hp, **common), LLMREINFORCE(model, hp_config=hp, **common),
+           GRPO(model, hp_config=hp, group_size=2, **common)]
+    factory = game_env_factory("guess_number", tok, game={"max_turns": 2}, max_model_len=96, max_output_tokens=3)
+    return finetune_llm_multiturn(
+        pop, max_turns=2, env_factory=factory, max_steps=4, evaluation_interval=2, evo_steps=2,
+        tournament=TournamentSelection(tournament_size=2, population_size=3, rand_seed=0),
+        mutation=Mutations(no_mutation=0.0, rl_hp=1.0, rand_seed=0), episodes_per_step=2, eval_episodes=2,
+        verbose=False, checkpoint_dir=ckpt, checkpoint_every=1, callbacks=callbacks, resume=resume)
+
+
+def test_an_interrupted_multiturn_run_resumes_exactly(tok, tmp_path):
+    """A mixed LLMPPO / LLMREINFORCE / GRPO run on a game, stopped after step 3 and resumed from its run
+    checkpoint, ends bit-identical to the uninterrupted run (adapters, value head, fitness, report)."""
+    from evollm.training import Callback
+
+    class StopAt(Callback):
+        def on_step_complete(self, state):
+            if state.step == 3:
+                raise KeyboardInterrupt
+
+    agents, record = _multiturn_run(tok, tmp_path / "a")
+    with pytest.raises(KeyboardInterrupt):
+        _multiturn_run(tok, tmp_path / "b", callbacks=[StopAt()])
+    again, record2 = _multiturn_run(tok, tmp_path / "b", resume=True)
+    assert [type(a).__name__ for a in agents] == [type(a).__name__ for a in again]
+    for a, b in zip(agents, again):
+        assert a.index == b.index and a.fitness == b.fitness and a.config == b.config
+        for role in a.ROLES:
+            one, two = a.shared.state_dict(a.adapter_name(role)), b.shared.state_dict(b.adapter_name(role))
+            assert one.keys() == two.keys() and all(torch.equal(one[k], two[k]) for k in one)
+        for p, q in zip(a._extra_parameters().get("value_head", []), b._extra_parameters().get("value_head", [])):
+            assert torch.equal(p, q)
+    assert record.report().equals(record2.report())
+    assert record.metrics()["loss"].equals(record2.metrics()["loss"])  # the steps before the stop were restored

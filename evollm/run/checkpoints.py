@@ -189,16 +189,22 @@ class RunCheckpointer:
 
 def restore_members(live: list, folder: Path, ids: list[int]) -> list:
     """The checkpoint's members on the live base: a live member with the same id is loaded in place,
-    others are cloned from a live member (keeping its hooks), resized to the saved rank and loaded."""
+    others are cloned from a live member of the same algorithm (keeping its hooks), resized to the saved
+    rank and loaded."""
     by_index = {a.index: a for a in live}
-    template = live[0]
     out = []
     for index in ids:
         member_dir = folder / f"member_{index}"
         info_file = member_dir / "agent.json"
         info = json.loads((info_file if info_file.is_file() else member_dir / "team.json").read_text())
         agent = by_index.get(index)
-        if agent is None:
+        if agent is None:  # cloned from a live member of the saved kind (a population may mix algorithms)
+            kind = info.get("algorithm")
+            template = next((a for a in live if type(a).__name__ == kind), None)
+            if template is None:
+                raise CheckpointError(f"checkpoint {folder}: member {index} is a {kind}, and the resumed population "
+                                      f"has none ({sorted({type(a).__name__ for a in live})}); resume with the "
+                                      "population the run was started with")
             template.shared._used_ids.discard(index)  # the same member returns; no other member gets its id
             agent = template.clone(index=index)
         rank = info.get("lora_rank")
