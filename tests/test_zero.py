@@ -152,3 +152,4 @@ def test_actor_critic_members_train_under_zero_as_in_one_process(zero_run):
     torch.testing.assert_close(torch.tensor(sum(info["norms"], [])), torch.tensor(sum(norms, [])), atol=1e-5, rtol=1e-4)
     assert norms[0][0][0] > 1e-3  # the LLMPPO member's max_grad_norm=1e-3 really clipped its actor
     assert len(pop) == 5 and len(norms[1]) == 5  # clones of both kinds took the second step
+    assert all((zero_run / f"team-agent-{i}" / "optimizer.safetensors").is_file() for i in (0, 1))

@@ -140,6 +140,14 @@ def main(out: Path):
     save_file(optimizer_states(members), str(out / f"ppo-optimizer-rank{rank}.safetensors"))
     (out / f"ppo-rank{rank}.json").write_text(json.dumps({"norms": ppo_norms, "kinds": [
         [type(a.optimizer).__name__, a.optimizer.local_state_numel(), a.optimizer.full_state_numel()] for a in members]}))
+
+    class Team:  # a member made of agents (as an IPPO team): the snapshot reaches each agent's optimizer
+        agents = members[2:4]
+
+    zero.snapshot_members([Team()])
+    if rank == 0:  # process 0 alone writes: with no snapshot its collective gather would never return
+        for i, agent in enumerate(Team.agents):
+            agent.save_checkpoint(out / f"team-agent-{i}")
     dist.barrier()
 
 

@@ -105,8 +105,10 @@ def is_zero(optimizer) -> bool:
 
 def snapshot_members(agents: Sequence) -> None:
     """Gather every ZeRO member's full optimizer state (collective; call on every process before a
-    checkpoint is written by the main process)."""
+    checkpoint is written by the main process). A member made of agents (an IPPO team) gathers each
+    agent's."""
     for a in agents:
-        opt = getattr(a, "optimizer", None)
-        if is_zero(opt):
-            opt.snapshot()
+        for agent in getattr(a, "agents", None) or [a]:
+            opt = getattr(agent, "optimizer", None)
+            if is_zero(opt):
+                opt.snapshot()
