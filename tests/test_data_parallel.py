@@ -83,28 +83,18 @@ def test_two_process_update_equals_one_process_update_on_the_same_global_batch(t
         assert moved > 1e-4  # the update did something
 
 
-def test_multiturn_population_is_identical_on_every_process(two_process_run):
+@pytest.mark.parametrize("part,warm_start", [("multiturn", "warm start: success"), ("team", "warm start: joint reward")])
+def test_multiturn_and_team_populations_are_identical_on_every_process(two_process_run, part, warm_start):
+    """A multi-turn game (LLMPPO) and IPPO teams: each process plays its half of the episodes / rows."""
     out, stdout = two_process_run
-    t0, t1 = (load_file(str(out / f"multiturn-rank{r}.safetensors")) for r in (0, 1))
+    t0, t1 = (load_file(str(out / f"{part}-rank{r}.safetensors")) for r in (0, 1))
     assert t0.keys() == t1.keys() and any("/critic/" in k for k in t0)
     for k in t0:
         assert torch.equal(t0[k], t1[k]), k
-    f0, f1 = (json.loads((out / f"multiturn-rank{r}.json").read_text()) for r in (0, 1))
-    assert f0 == f1 and any(len(f) >= 2 for f in f0)  # the same fitness (returns summed over processes)
-    assert stdout.count("warm start: success") == 1  # only the main process prints
-    assert json.loads((out / "multiturn" / "summary.json").read_text())["num_processes"] == 2
-
-
-def test_team_population_is_identical_on_every_process(two_process_run):
-    out, stdout = two_process_run
-    t0, t1 = (load_file(str(out / f"team-rank{r}.safetensors")) for r in (0, 1))
-    assert t0.keys() == t1.keys() and any("/critic/" in k for k in t0)
-    for k in t0:
-        assert torch.equal(t0[k], t1[k]), k
-    f0, f1 = (json.loads((out / f"team-rank{r}.json").read_text()) for r in (0, 1))
-    assert f0 == f1 and any(len(f) >= 2 for f in f0)
-    assert stdout.count("warm start: joint reward") == 1
-    assert json.loads((out / "team" / "summary.json").read_text())["num_processes"] == 2
+    f0, f1 = (json.loads((out / f"{part}-rank{r}.json").read_text()) for r in (0, 1))
+    assert f0 == f1 and any(len(f) >= 2 for f in f0)  # the same fitness (returns reduced over processes)
+    assert stdout.count(warm_start) == 1  # only the main process prints
+    assert json.loads((out / part / "summary.json").read_text())["num_processes"] == 2
 
 
 def test_actor_critic_update_equals_one_process_update_on_the_same_global_batch(two_process_run):
