@@ -16,10 +16,10 @@ from pathlib import Path
 
 import torch
 
-from evollm.atomic import verify
-from evollm.cli import build_population
+from evollm.utils.atomic import verify
+from evollm.recipes.cli import build_population
 from evollm.config import RunConfig
-from evollm.builders import build_hpo, build_model
+from evollm.recipes.builders import build_hpo, build_model
 from evollm.run import RunCheckpointer
 from evollm.training.callbacks import LoopState
 from evollm.training.loop import finetune_llm_reasoning
@@ -41,7 +41,7 @@ def main() -> None:
     model, tok = build_model(cfg.model, cfg.seed, cfg.task.name)
     hp_config, mutation, selection = build_hpo(cfg)
     members = build_population(cfg, model, tok, hp_config)
-    from evollm.builders import build_task
+    from evollm.recipes.builders import build_task
     from evollm.envs.reasoning import ReasoningGym
 
     train, test, reward, template = build_task(cfg.task, cfg.seed)

@@ -84,7 +84,7 @@ def _hp_config():
 
 def _setup(seed: int):
     from evollm.config import RunConfig
-    from evollm.builders import build_model, build_task
+    from evollm.recipes.builders import build_model, build_task
     from evollm.envs.reasoning import ReasoningGym
 
     cfg = RunConfig.from_yaml(DEMO)

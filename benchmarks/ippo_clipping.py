@@ -32,7 +32,8 @@ def run(variant: str, seed: int, steps: int) -> dict:
     from evollm.adapters.shared import default_lora_config
     from evollm.algorithms.ippo import IPPOTeam
     from evollm.algorithms.ippo_rollout import evaluate_teams
-    from evollm.models.coop_warm_start import load_tiny_coop_model, relay_task
+    from evollm.recipes.coop_warm_start import load_tiny_coop_model
+    from evollm.tasks.coop import relay_task
     from evollm.training.ippo import finetune_ippo
 
     model, tok = load_tiny_coop_model()

@@ -35,7 +35,7 @@ def run_once(mode: str, steps: int, eval_every: int, out: Path) -> tuple[float, 
     from evollm.algorithms.grpo import GRPO
     from evollm.envs.reasoning import ReasoningGym
     from evollm.hpo import Mutations, TournamentSelection
-    from evollm.models.warm_start import load_tiny_model
+    from evollm.recipes.warm_start import load_tiny_model
     from evollm.run.files import RunFilesWriter
     from evollm.run.logging import TensorBoardLogger
     from evollm.tasks import ARITHMETIC_TEMPLATE, arithmetic_dataset, exact_match_reward
@@ -61,8 +61,8 @@ def run_once(mode: str, steps: int, eval_every: int, out: Path) -> tuple[float, 
 
 def time_plots(run_dir: Path) -> dict[str, float]:
     """CPU seconds of each plot of a finished run."""
-    from evollm import plots
-    from evollm.plots_lineage import lineage_figure
+    from evollm.run import plots
+    from evollm.run.plots_lineage import lineage_figure
     from evollm.run.report import read_run
 
     run = read_run(run_dir)

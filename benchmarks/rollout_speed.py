@@ -39,7 +39,7 @@ from evollm.adapters.shared import default_lora_config
 from evollm.algorithms.grpo import GRPO
 from evollm.rollout import collate_prompts, position_ids_from_mask
 from evollm.envs.reasoning import ReasoningGym
-from evollm.models import load_tiny_model
+from evollm.recipes import load_tiny_model
 from evollm.tasks import ARITHMETIC_TEMPLATE, arithmetic_dataset, exact_match_reward
 from evollm.rollout import generate_population
 

@@ -43,9 +43,9 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
-    from evollm.cli import build_population
+    from evollm.recipes.cli import build_population
     from evollm.config import RunConfig
-    from evollm.builders import build_hpo, build_model, build_task
+    from evollm.recipes.builders import build_hpo, build_model, build_task
     from evollm.envs.reasoning import ReasoningGym
     from evollm.rollout import generate_population
     from evollm.training.loop import learn_all

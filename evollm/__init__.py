@@ -16,7 +16,7 @@ __version__ = "0.1.0"
 # nothing actionable to an evollm user.
 _warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
 
-from .population import Population  # noqa: E402
+from evollm.run.population import Population  # noqa: E402
 
 #: top-level name -> module that defines it
 _EXPORTS = {

@@ -15,7 +15,7 @@ import torch
 
 from evollm.algorithms import IPPOConfig
 from evollm.hpo import HyperparameterConfig, Mutations, RLParameter, TournamentSelection
-from evollm.models.coop_warm_start import COOP_DEFAULTS, load_tiny_coop_model
+from evollm.recipes.coop_warm_start import COOP_DEFAULTS, load_tiny_coop_model
 from evollm.tasks.coop import relay_formatters, relay_sum_dataset, relay_sum_reward
 from evollm.training import IPPOTrainer
 

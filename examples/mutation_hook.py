@@ -12,7 +12,7 @@ import torch
 from evollm.algorithms import GRPO
 from evollm.envs import ReasoningGym
 from evollm.hpo import HyperparameterConfig, Mutations, RLParameter, TournamentSelection
-from evollm.models import load_tiny_model
+from evollm.recipes import load_tiny_model
 from evollm.tasks import ARITHMETIC_TEMPLATE, arithmetic_dataset, exact_match_reward
 from evollm.training import finetune_llm_reasoning
 

@@ -9,7 +9,7 @@ mean return over a fixed set of seeded episodes, identical for every member.
 
 import sys
 
-from evollm.cli import main
+from evollm.recipes.cli import main
 
 if __name__ == "__main__":
     sys.exit(main(["train", sys.argv[1] if len(sys.argv) > 1 else "configs/ppo_multiturn.yaml"]))

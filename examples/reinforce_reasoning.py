@@ -16,7 +16,7 @@ import os
 
 import torch
 
-from evollm.cli import train
+from evollm.recipes.cli import train
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -17,7 +17,7 @@ def cache_dir(tmp_path_factory):
 @pytest.fixture
 def warm(cache_dir):
     """The warm-started tiny model (built once per cache, then loaded from disk)."""
-    from evollm.models.warm_start import load_tiny_model
+    from evollm.recipes.warm_start import load_tiny_model
 
     return load_tiny_model(warm_start=True, cache_dir=cache_dir)
 
@@ -25,7 +25,7 @@ def warm(cache_dir):
 @pytest.fixture
 def tiny(request):
     """A fresh random-init tiny model + tokenizer (cheap; each test gets its own base)."""
-    from evollm.models.warm_start import load_tiny_model
+    from evollm.recipes.warm_start import load_tiny_model
 
     torch.manual_seed(0)
     return load_tiny_model(warm_start=False, seed=0)

@@ -1,4 +1,4 @@
-"""Run under ``accelerate launch --num_processes 2`` by tests/test_data_parallel.py (not a test itself).
+"""Run under ``accelerate launch --num_processes 2`` by tests/parallel/test_data_parallel.py (not a test itself).
 
 Part 1: ``evollm train`` (CLI entry point) on the demo config, shortened, with selection and mutation.
 Part 2: two learn steps of a fresh population on a FIXED global batch (each process its half).
@@ -36,9 +36,9 @@ def fixed_batch(tok, n_prompts=4, group=4, width=6, seed=0):
 
 def train_cli(runner: str, config: str, out: Path, cache_dir: str, *settings: str) -> list:
     """``evollm train CONFIG`` (shortened by ``settings``); returns the final members, caught from
-    :mod:`evollm.runners`' ``runner``."""
-    from evollm import runners
-    from evollm.cli import main as cli_main
+    :mod:`evollm.recipes.runners`' ``runner``."""
+    from evollm.recipes import runners
+    from evollm.recipes.cli import main as cli_main
 
     captured = {}
     original = getattr(runners, runner)
@@ -60,7 +60,7 @@ def train_cli(runner: str, config: str, out: Path, cache_dir: str, *settings: st
 
 
 def main(out: Path, cache_dir: str):
-    from evollm import distributed as dist
+    from evollm.parallel import distributed as dist
     from zero_script import member_tensors, ppo_scenario
 
     dist.init()
@@ -73,7 +73,7 @@ def main(out: Path, cache_dir: str):
     (out / f"run-rank{rank}.json").write_text(json.dumps([a.fitness for a in agents]))
 
     # Part 2: fixed global batch, each process its half of the prompts
-    from evollm.models.warm_start import load_tiny_model
+    from evollm.recipes.warm_start import load_tiny_model
     from evollm.training.loop import learn_all
     from conftest import make_grpo
 

@@ -23,7 +23,7 @@ def tiny_vllm_model(cache_dir: str, warm_start: bool = True, sft_steps: int = 40
 
     from evollm.models.tiny import build_tiny_model
     from evollm.models.tokenizer import build_tokenizer
-    from evollm.models.warm_start import TASK_DEFAULTS, load_or_build, sft_warm_start
+    from evollm.recipes.warm_start import TASK_DEFAULTS, load_or_build, sft_warm_start
     from evollm.tasks import ARITHMETIC_TEMPLATE, arithmetic_dataset
 
     def build():

@@ -1,5 +1,5 @@
 """Run under ``accelerate launch --config_file configs/deepspeed/zero2.yaml --num_processes 2`` by
-tests/test_zero.py (not a test itself); also the 1-process reference (``scenario`` without a launch).
+tests/parallel/test_zero.py (not a test itself); also the 1-process reference (``scenario`` without a launch).
 
 Members are trained on a FIXED global batch (each process its half of the prompts): three learn steps,
 a clone made after the first, the clone's LoRA rank halved after the second, member 1 on its own
@@ -20,7 +20,7 @@ from safetensors.torch import save_file
 
 def build(cache_dir=None):
     from conftest import make_grpo
-    from evollm.models.warm_start import load_tiny_model
+    from evollm.recipes.warm_start import load_tiny_model
 
     model, tok = load_tiny_model(warm_start=False, seed=0)
     torch.manual_seed(0)
@@ -61,7 +61,7 @@ def ppo_scenario(shard=lambda rows: rows):
     from data_parallel_script import fixed_batch
     from evollm.algorithms.ippo import IPPOAgent
     from evollm.algorithms.ppo import LLMPPO
-    from evollm.models.warm_start import load_tiny_model
+    from evollm.recipes.warm_start import load_tiny_model
 
     model, tok = load_tiny_model(warm_start=False, seed=0)
     torch.manual_seed(0)
@@ -95,7 +95,7 @@ def adapters(pop) -> dict:
 
 
 def optimizer_states(pop) -> dict:
-    from evollm.checkpoint import optimizer_to_safetensors
+    from evollm.algorithms.checkpoint import optimizer_to_safetensors
 
     out = {}
     for a in pop:
@@ -105,8 +105,8 @@ def optimizer_states(pop) -> dict:
 
 
 def main(out: Path):
-    from evollm import distributed as dist
-    from evollm import zero
+    from evollm.parallel import distributed as dist
+    from evollm.parallel import zero
 
     dist.init()
     rank = dist.process_index()

@@ -19,12 +19,12 @@ from peft import LoraConfig
 
 from ..adapters.routing import check_adapter_layers, check_lora_config
 from ..adapters.shared import SharedBase, default_lora_config
-from .. import zero
-from ..distributed import all_reduce_gradients
+from evollm.parallel import zero
+from evollm.parallel.distributed import all_reduce_gradients
 from ..rollout import SamplingConfig, collate_prompts, eos_ids, forward_logprobs
 from ..rollout.sampling import check_extra
 
-_NO_ZERO = ("does not support DeepSpeed ZeRO: its optimizer is not built with evollm.zero.wrap; launch it without "
+_NO_ZERO = ("does not support DeepSpeed ZeRO: its optimizer is not built with evollm.parallel.zero.wrap; launch it without "
             "a DeepSpeed config")
 
 
@@ -264,7 +264,7 @@ class LLMAgent:
         return groups
 
     def _build_optimizer(self) -> torch.optim.Optimizer:
-        # under a DeepSpeed ZeRO launch the AdamW goes into the member's own engine (evollm.zero)
+        # under a DeepSpeed ZeRO launch the AdamW goes into the member's own engine (evollm.parallel.zero)
         return zero.wrap(build_adamw(self._param_groups(), lr=self.config.lr, weight_decay=self.config.weight_decay),
                          self.config.max_grad_norm, self.__dict__.get("optimizer"))
 
@@ -375,13 +375,13 @@ class LLMAgent:
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self, path) -> None:
         """Adapter(s) in PEFT's format + optimizer state (safetensors) + hyperparameters (JSON)."""
-        from ..checkpoint import save_agent
+        from evollm.algorithms.checkpoint import save_agent
         save_agent(self, path)
 
     def load_checkpoint(self, path, merge_lora_configs: bool = False, verify_manifest: bool = True) -> None:
         """Load a checkpoint into this live member. A LoRA rank that differs from the live one is a
         ``ValueError`` unless ``merge_lora_configs`` (then the larger rank wins, function preserved)."""
-        from ..checkpoint import load_agent
+        from evollm.algorithms.checkpoint import load_agent
         load_agent(self, path, merge_lora_configs=merge_lora_configs, verify_manifest=verify_manifest)
 
     # ------------------------------------------------------------------ model access

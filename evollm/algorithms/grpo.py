@@ -13,7 +13,7 @@ from typing import NamedTuple, Sequence
 import torch
 
 from .. import functional as F
-from .. import zero
+from evollm.parallel import zero
 from ..adapters.shared import checkpointing
 from .base import AgentConfig, LLMAgent
 from ..rollout import (Rollout, attention_from_sequences, evaluate_population, first_target, generate_population,

@@ -29,7 +29,7 @@ from typing import Any, Callable, ClassVar, Sequence
 
 import torch
 
-from .. import zero
+from evollm.parallel import zero
 from .base import build_config
 from .ppo import LLMPPO, LLMPPOConfig
 from .ppo_fused import learn_grouped
@@ -174,7 +174,7 @@ class IPPOAgent(LLMPPO):
 
     def _build_optimizer(self) -> torch.optim.Optimizer:
         c = self.config
-        # under a DeepSpeed ZeRO launch every param group goes into its own engine (evollm.zero)
+        # under a DeepSpeed ZeRO launch every param group goes into its own engine (evollm.parallel.zero)
         return zero.wrap(torch.optim.AdamW(self._param_groups(), lr=c.lr, weight_decay=c.weight_decay,
                                            betas=(c.adam_beta1, c.adam_beta2), eps=c.adam_epsilon),
                          c.max_grad_norm, self.__dict__.get("optimizer"))
@@ -389,7 +389,8 @@ class IPPOTeam:
     def write_checkpoint(self, path: Path) -> Path:
         """The team's files into ``path`` (what :meth:`save_checkpoint` writes; a run checkpoint writes
         every team this way inside its own atomic folder)."""
-        from ..checkpoint import _jsonable, save_agent
+        from evollm.utils.atomic import _jsonable
+        from evollm.algorithms.checkpoint import save_agent
 
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
@@ -406,7 +407,7 @@ class IPPOTeam:
 
     def load_checkpoint(self, path, merge_lora_configs: bool = False, verify_manifest: bool = True) -> None:
         """Load a team checkpoint into this live team (same number of agents)."""
-        from ..checkpoint import load_agent
+        from evollm.algorithms.checkpoint import load_agent
 
         path = Path(path)
         info = _read_team(path)

@@ -29,8 +29,8 @@ from dataclasses import dataclass
 import torch
 
 from .. import functional as F
-from .. import zero
-from ..distributed import all_reduce_gradients
+from evollm.parallel import zero
+from evollm.parallel.distributed import all_reduce_gradients
 from ..rollout import first_target, loss_forward, position_ids_from_mask
 from .base import AgentConfig
 from .multiturn_rollout import (EpisodeAgent, EpisodeBatch, episode_batch, last_token_of_turn, pack_actions,
@@ -253,7 +253,7 @@ class LLMPPO(EpisodeAgent):
     def clip_and_step_groups(self) -> tuple[float, float]:
         """Clip the actor's and the critic's gradients to ``max_grad_norm`` each, then one optimizer
         step; returns both norms before clipping. Under DeepSpeed ZeRO each group is its own engine,
-        which reduces, clips and steps it (:class:`evollm.zero.ZeroGroups`)."""
+        which reduces, clips and steps it (:class:`evollm.parallel.zero.ZeroGroups`)."""
         if zero.is_zero(self.optimizer):
             self.optimizer.max_grad_norm = self.config.max_grad_norm
             self.optimizer.step()

@@ -20,7 +20,7 @@ from typing import Sequence
 import torch
 
 from .. import functional as F
-from .. import zero
+from evollm.parallel import zero
 from ..adapters.routing import ROUTED, batch_path, routed
 from .multiturn_rollout import EpisodeBatch, episode_batch
 from ..rollout import position_ids_from_mask

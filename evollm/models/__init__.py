@@ -1,10 +1,13 @@
 """Loading the shared base model: any hub id / HF folder / GGUF file (:func:`load_model`), the
-packaged SmolLM2-135M-Instruct (:func:`load_smollm2`), and the offline tiny model with its
-character-level tokenizer and partial SFT warm start (:func:`load_tiny_model`). Each returns a
-``(model, tokenizer)`` pair.
+packaged SmolLM2-135M-Instruct (:func:`load_smollm2`), and the offline tiny Llama with its
+character-level tokenizer (:func:`build_tiny_model`, :func:`build_tokenizer`). A leaf: it imports
+nothing above :mod:`evollm.adapters`. The tiny model's warm starts (SFT on the demo tasks) are
+recipes: :func:`evollm.recipes.load_tiny_model`.
 """
 
 from evollm.models.loading import (
+    default_cache_dir,
+    enable_gradient_checkpointing,
     load_model,
     load_smollm2,
     lora_config,
@@ -26,44 +29,24 @@ from evollm.models.tokenizer import (
     build_tokenizer,
     tokenizer_fingerprint,
 )
-from evollm.models.warm_start import (
-    SFT_DEFAULTS,
-    build_warm_start,
-    default_cache_dir,
-    evaluate_accuracy,
-    generate_completions,
-    load_tiny_model,
-    render_prompt,
-    sft_warm_start,
-    teacher_forced_accuracy,
-    well_formed_rate,
-)
 
 __all__ = [
     "ALPHABET",
     "CHAT_TEMPLATE",
-    "SFT_DEFAULTS",
     "SPECIAL_TOKENS",
     "TINY_DEFAULTS",
     "build_tiny_model",
     "build_tokenizer",
-    "build_warm_start",
     "config_for_tokenizer",
     "count_parameters",
     "default_cache_dir",
-    "evaluate_accuracy",
-    "generate_completions",
+    "enable_gradient_checkpointing",
     "load_model",
     "load_smollm2",
-    "load_tiny_model",
     "lora_config",
     "set_threads",
     "smollm2_available",
-    "render_prompt",
     "set_generation_ids",
-    "sft_warm_start",
-    "teacher_forced_accuracy",
     "tiny_config",
     "tokenizer_fingerprint",
-    "well_formed_rate",
 ]

@@ -16,12 +16,12 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import os
-import shutil
-import tempfile
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
+
+from ..utils.atomic import write_atomically
 
 #: dtype names accepted by ``load_model(dtype=...)`` and the config's ``model.dtype``.
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
@@ -167,26 +167,6 @@ def smollm2_available() -> bool:
     return True
 
 
-def write_atomically(target: Path, write: Callable[[Path], None]) -> Path:
-    """Run ``write(tmp_folder)`` and rename the folder to ``target``: a half-written cache entry is
-    never used, and two concurrent writers do not clash (the first rename wins)."""
-    if (target / "config.json").exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{target.name}-", dir=target.parent))
-    os.chmod(tmp, 0o755)  # a shared cache: readable by every user of the machine
-    try:
-        write(tmp)
-        try:
-            os.rename(tmp, target)
-        except OSError:
-            if not (target / "config.json").exists():  # not a concurrent build: a real error
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target
-
-
 def _convert_gguf(gguf: Path, out: Path) -> None:
     """Dequantise ``gguf`` and write a normal HF folder (safetensors) to ``out``. transformers
     refuses ``save_pretrained`` on a GGUF-loaded model, so the model is rebuilt from its config."""
@@ -249,44 +229,3 @@ def lora_config(model=None, r: int = 8, alpha: float | None = None, dropout: flo
         raise ValueError(f"lora.r must be >= 1, got {r}")
     return default_lora_config(r=int(r), lora_alpha=alpha, lora_dropout=float(dropout),
                                target_modules=target_modules, **extra)
-
-
-# ---------------------------------------------------------------------- the config's model section
-#: keys of the config's ``model:`` section (see README "Your own model")
-MODEL_KEYS = ("source", "name_or_path", "gguf_file", "dtype", "attn_implementation", "gradient_checkpointing",
-              "trust_remote_code", "revision", "tokenizer", "warm_start", "cache_dir", "lora")
-SOURCES = ("tiny", "tiny_multiturn", "smollm2", "hub")
-
-
-def load_from_config(cfg: dict, seed: int = 0, task_name: str | None = None) -> tuple[Any, Any]:
-    """``(model, tokenizer)`` from a config's ``model:`` section (``lora`` is read elsewhere)."""
-    cfg = dict(cfg)
-    unknown = sorted(set(cfg) - set(MODEL_KEYS))
-    if unknown:
-        raise ValueError(f"model: unknown key(s) {unknown}; valid keys: {list(MODEL_KEYS)}")
-    source = cfg.get("source") or ("hub" if cfg.get("name_or_path") else "tiny")
-    if source not in SOURCES:
-        raise ValueError(f"model.source={source!r} is not valid; choose one of {list(SOURCES)}")
-    hf = dict(dtype=cfg.get("dtype", "float32"), attn_implementation=cfg.get("attn_implementation"),
-              gradient_checkpointing=bool(cfg.get("gradient_checkpointing", False)),
-              trust_remote_code=bool(cfg.get("trust_remote_code", False)))
-    if source in ("tiny", "tiny_multiturn"):
-        if source == "tiny":
-            from .warm_start import load_tiny_model
-            model, tok = load_tiny_model(warm_start=cfg.get("warm_start", True), cache_dir=cfg.get("cache_dir"),
-                                         seed=seed)
-        else:
-            from .multiturn_warm_start import load_tiny_multiturn_model
-            if not task_name:
-                raise ValueError("model.source=tiny_multiturn needs task.name (e.g. guess_number or chain_calc)")
-            model, tok = load_tiny_multiturn_model(task_name, warm_start=cfg.get("warm_start", True),
-                                                   cache_dir=cfg.get("cache_dir"), seed=seed)
-        if hf["gradient_checkpointing"]:
-            enable_gradient_checkpointing(model)
-        return model, tok
-    if source == "smollm2":
-        return load_smollm2(cache_dir=cfg.get("cache_dir"), **hf)
-    if not cfg.get("name_or_path"):
-        raise ValueError("model.source=hub needs model.name_or_path (a hub id, a local folder or a .gguf file)")
-    return load_model(cfg["name_or_path"], gguf_file=cfg.get("gguf_file"), revision=cfg.get("revision"),
-                      tokenizer_name_or_path=cfg.get("tokenizer"), **hf)

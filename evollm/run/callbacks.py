@@ -19,7 +19,7 @@ class LoopState:
     step: int
     max_steps: int
     agents: list
-    record: Any  # evollm.population.Population
+    record: Any  # evollm.run.population.Population
     extra: dict = field(default_factory=dict)
     since_eval: dict = field(default_factory=dict)
 

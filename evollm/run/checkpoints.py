@@ -1,6 +1,6 @@
 """The run directory's checkpoints: ``<dir>/step_N/`` every ``every`` steps, after every selection, on
 SIGINT/SIGTERM and at the end, the newest ``keep`` kept; each one atomic and manifest-verified
-(:mod:`evollm.atomic`) and complete enough to continue the run bit for bit (:mod:`evollm.run.state`).
+(:mod:`evollm.utils.atomic`) and complete enough to continue the run bit for bit (:mod:`evollm.run.state`).
 
 :class:`RunCheckpointer` is a loop :class:`~evollm.training.callbacks.Callback`; with ``resume=True`` it
 restores the newest valid checkpoint in ``on_train_begin``.
@@ -16,8 +16,9 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from ..atomic import CheckpointError, clean_temporaries, remove_folder, verify
-from ..checkpoint import check_fingerprint, member_ids, save_population
+from evollm.utils.atomic import CheckpointError, clean_temporaries, remove_folder, verify
+from evollm.algorithms.checkpoint import check_fingerprint, member_ids
+from evollm.run.population_checkpoint import save_population
 from .state import read_run_state, restore_components, restore_rng, since_eval_from, write_run_state
 
 STEP_DIR = re.compile(r"^step_(\d+)$")

@@ -7,13 +7,13 @@ run got and whether it finished. ``evollm report RUN_DIR`` reads these files bac
 from __future__ import annotations
 
 import csv
-import json
 import os
 import socket
 import time
 from pathlib import Path
 
-from ..population import write_csv
+from evollm.run.population import write_csv
+from evollm.utils.atomic import atomic_file, write_json
 from .callbacks import Callback, LoopState
 
 
@@ -81,7 +81,7 @@ class RunFilesWriter(Callback):
     def _plot(self, state: LoopState, every_member: bool = False) -> None:
         """The population plots; the per-member diagnostics grids (one PNG per member ever born,
         the slow part) only at the end: ``evollm report`` draws them for a run that died."""
-        from ..plots import plot_run
+        from evollm.run.plots import plot_run
 
         record, started = state.record, time.perf_counter()
         plot_run(record.report(), record.lineage(), record.metrics(), self.run_dir,
@@ -94,12 +94,10 @@ class RunFilesWriter(Callback):
         if not rows:
             self.metrics_path.unlink(missing_ok=True)  # rows of another run would not match this one
             return
-        tmp = self.metrics_path.with_name(".metrics.csv.tmp")
-        with tmp.open("w", newline="") as f:
+        with atomic_file(self.metrics_path) as tmp, tmp.open("w", newline="") as f:
             writer = csv.DictWriter(f, self.columns, restval="", lineterminator="\n")
             writer.writeheader()
             writer.writerows(rows)
-        os.replace(tmp, self.metrics_path)
 
     def _append_metrics(self, rows: list[dict], before_step: int | None = None) -> None:
         end = len(rows)
@@ -126,14 +124,12 @@ class RunFilesWriter(Callback):
                 "last_fitness": {str(a.index): last.get(a.index) for a in state.agents},
                 "started": _iso(self.started), "updated": _iso(time.time()),
                 "pid": os.getpid(), "host": socket.gethostname()}
-        tmp = self.run_dir / ".progress.json.tmp"
-        tmp.write_text(json.dumps(data, indent=1, default=str))
-        os.replace(tmp, self.run_dir / "progress.json")
+        write_json(self.run_dir / "progress.json", data)
 
 
 def _columns(rows: list[dict]) -> list[str]:
     """Every key of ``rows`` in first-seen order, the cost columns kept last."""
-    from ..population import COST_COLUMNS
+    from evollm.run.population import COST_COLUMNS
 
     seen: dict[str, None] = {}
     for row in rows:

@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..plots_lineage import ancestry
-from ..population import LINEAGE_DTYPES, METRICS_DTYPES, REPORT_DTYPES, typed, write_csv
+from evollm.run.plots_lineage import ancestry
+from evollm.utils.atomic import write_text
+from evollm.run.population import LINEAGE_DTYPES, METRICS_DTYPES, REPORT_DTYPES, typed, write_csv
 
 
 @dataclass
@@ -143,15 +144,13 @@ def report_run(run_dir: str | Path, out_dir: str | Path | None = None, plots: bo
             if len(frame):
                 paths[name] = write_csv(frame, out / f"{name}.csv")
     if plots:
-        from ..plots import plot_run
+        from evollm.run.plots import plot_run
 
         paths.update(plot_run(run.report, run.lineage, run.metrics, out))
     paths["summary"] = out / "summary.txt"
     listing = "\n".join(f"  {p.relative_to(out) if p.is_relative_to(out) else p}" for p in paths.values())
     text_out = f"{text}\n\nwritten to {out}/:\n{listing}"
-    tmp = out / ".summary.txt.tmp"
-    tmp.write_text(text_out + "\n")
-    os.replace(tmp, paths["summary"])
+    write_text(paths["summary"], text_out + "\n")
     echo(text_out)
     best = None
     if len(run.report):

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from ..atomic import CheckpointError
+from evollm.utils.atomic import CheckpointError
 
 RUN_STATE = "run_state.json"
 TORCH_RNG = "rng_torch.safetensors"
@@ -62,7 +62,7 @@ def read_run_state(folder: Path) -> tuple[dict, dict[str, torch.Tensor]]:
     path = folder / RUN_STATE
     if not path.is_file():
         raise CheckpointError(f"checkpoint {folder} has no {RUN_STATE}: it is a population checkpoint, not a run "
-                              "checkpoint (load it with evollm.checkpoint.load_population)")
+                              "checkpoint (load it with evollm.run.population_checkpoint.load_population)")
     state = json.loads(path.read_text())
     if not isinstance(state.get("step"), int) or state["step"] < 0:
         raise CheckpointError(f"checkpoint {folder}: {RUN_STATE} has step {state.get('step')!r}, not an integer >= 0")

@@ -11,7 +11,7 @@ The joint reward (given after round 2, shared by both agents) is the fraction of
 sum equals ``x + y``: 1.0 only when *both* relayed correctly *and* both added correctly, so no
 agent can succeed alone.
 
-The scripted teacher used for the warm start (:mod:`evollm.models.coop_warm_start`) adds
+The scripted teacher used for the warm start (:mod:`evollm.recipes.coop_warm_start`) adds
 correctly whatever it is shown, but relays its number with the digits *swapped* most of the time
 (``12`` -> ``"21"``), so the imitating model's most likely relay is the wrong one; RL has to learn,
 from the joint reward alone, that passing the number on unchanged is what lets the partner succeed.
@@ -103,3 +103,19 @@ def relay_teacher(row: dict, agent: int, history: Sequence[Sequence[str]], rng: 
         return str(own) if rng.random() < relay_prob else swap_digits(own)
     said = _as_int(history[-1][1 - agent])
     return str(own + (said if said is not None else 0))
+
+
+#: The relay-sum task's default splits and reply length (the tiny model's warm start uses them too).
+RELAY_TASK: dict = dict(RELAY_DEFAULTS, n_train=1200, n_test=200)
+RELAY_MAX_NEW_TOKENS = 4
+
+
+def relay_task(tokenizer, seed: int = 0, **overrides):
+    """The relay-sum :class:`~evollm.envs.team.TeamTask` (2 agents, 2 rounds) with the
+    default dataset splits (those the tiny model's warm start uses)."""
+    from evollm.envs.team import TeamTask
+
+    task = {**RELAY_TASK, **overrides.pop("task", {})}
+    train, test = relay_sum_dataset(seed=seed, **task)
+    overrides.setdefault("max_new_tokens", RELAY_MAX_NEW_TOKENS)
+    return TeamTask(train, test, tokenizer, relay_sum_reward, relay_formatters(), num_turns=2, seed=seed, **overrides)

@@ -3,7 +3,7 @@
 Both games are gym-style text environments (``reset(seed) -> (observation, info)``,
 ``step(action) -> (observation, reward, terminated, truncated, info)``) with short,
 character-cheap observations, and each ships a scripted *teacher* policy used to
-build the partial supervised warm start (:mod:`evollm.models.multiturn_warm_start`).
+build the partial supervised warm start (:mod:`evollm.recipes.multiturn_warm_start`).
 
 ``GuessNumberEnv``
     The env picks a secret in ``1..high``; the model guesses, the env answers
@@ -22,9 +22,10 @@ Every episode's final ``info`` has ``success`` (secret found / every answer righ
 
 from __future__ import annotations
 
+import copy
 import random
 import re
-from typing import Callable
+from typing import Any, Callable
 
 _INT = re.compile(r"[+-]?\d+")
 
@@ -185,3 +186,25 @@ def game_env_factory(name: str, tokenizer, game: dict | None = None, max_turns: 
                                        pad_id=tokenizer.pad_token_id, max_model_len=max_model_len,
                                        max_output_tokens=max_output_tokens)
     return factory
+
+
+#: Per task: game settings, teacher settings, the longest model turn in tokens, and SFT overrides.
+MULTITURN_TASKS: dict[str, dict[str, Any]] = {
+    "guess_number": dict(game=dict(high=16, max_turns=4, show_range=True), teacher=dict(optimal_prob=0.3),
+                         max_output_tokens=4, sft=dict(steps=250)),
+    "chain_calc": dict(game=dict(n_ops=3, max_start=10, max_operand=5, ops="+-"), teacher=dict(error_prob=0.6),
+                       max_output_tokens=4, sft=dict(steps=900, episodes=4000)),
+}
+
+
+def task_settings(task: str) -> dict[str, Any]:
+    if task not in MULTITURN_TASKS:
+        raise ValueError(f"unknown multi-turn task {task!r}; choose one of {sorted(MULTITURN_TASKS)}")
+    return copy.deepcopy(MULTITURN_TASKS[task])
+
+
+def task_env_factory(task: str, tokenizer, max_model_len: int | None = 256, **game_overrides) -> Callable:
+    """The env factory of a task with its default game settings (overridable)."""
+    spec = task_settings(task)
+    return game_env_factory(task, tokenizer, game={**spec["game"], **game_overrides}, max_model_len=max_model_len,
+                            max_output_tokens=spec["max_output_tokens"])

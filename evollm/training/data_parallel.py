@@ -1,4 +1,4 @@
-"""Data-parallel glue for the training loops (see :mod:`evollm.distributed`): sharded evaluation
+"""Data-parallel glue for the training loops (see :mod:`evollm.parallel.distributed`): sharded evaluation
 whose result is identical on every process, and a per-process sampling seed."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from typing import Sequence
 
 import torch
 
-from .. import distributed as dist
+from evollm.parallel import distributed as dist
 
 
 class ShardedTestSet:

@@ -19,11 +19,11 @@ import math
 from pathlib import Path
 from typing import Callable, Sequence
 
-from .. import distributed as dist
+from evollm.parallel import distributed as dist
 from ..algorithms.ippo import IPPOConfig, IPPOTeam
 from ..algorithms.ippo_rollout import evaluate_teams, play_teams
 from ..envs.team import TeamTask
-from ..population import Population
+from evollm.run.population import Population
 from .callbacks import Callback
 from .data_parallel import seed_sampling
 from .loop import closing_all, evolve, run_callbacks
@@ -207,47 +207,3 @@ class IPPOTrainer:
         else:
             best = self.teams[0]
         return best.save_checkpoint(out / "best_team")
-
-
-# --------------------------------------------------------------------------- from a run config
-TEAM_TASKS = ("relay_sum",)
-
-
-def team_task_from_config(task_cfg, env_cfg, tokenizer, seed: int, teams) -> TeamTask:
-    """The :class:`TeamTask` of the config's ``task`` (``name: relay_sum``) and ``env`` (``type: team``,
-    ``success_threshold``) sections; replies as long as the teams' ``max_new_tokens``."""
-    from ..models.coop_warm_start import relay_task
-
-    name = getattr(task_cfg, "name", "relay_sum")
-    if name not in TEAM_TASKS:
-        raise ValueError(f"task.name={name!r} is not a team task; valid: {list(TEAM_TASKS)}")
-    team = teams[0].config
-    return relay_task(tokenizer, seed=seed, max_new_tokens=team.max_new_tokens, max_model_len=team.max_model_len,
-                      success_threshold=float(getattr(env_cfg, "success_threshold", 1.0)))
-
-
-def run_team_from_config(cfg, teams, tokenizer, train_cfg: dict, evo_steps, selection, mutation, quiet: bool) -> dict:
-    """What ``evollm train`` runs for ``env.type: team``: measure the warm start (one untrained team) on the fixed
-    evaluation rows, train, and return ``{agents, population, initial_fitness, final_fitness, initial_success,
-    final_success}`` (fitness = mean joint reward; success = fraction of episodes every agent got right)."""
-    task = team_task_from_config(cfg.task, cfg.env, tokenizer, int(cfg.seed), teams)
-    fit0, succ0 = evaluate_teams(teams[:1], task, record=False)
-    say = print if dist.is_main_process() else (lambda *a, **k: None)
-    say(f"warm start: joint reward {fit0[0]:.3f}, joint success {succ0[0]:.3f} on {len(task.eval_rows)} fixed "
-          "greedy episodes")
-    report = {}
-
-    class _Success(Callback):
-        def on_evaluation(self, state, fitness):
-            rows = state.record.rows[-len(state.agents):]
-            report.update({r["member"]: r.get("success", math.nan) for r in rows})
-            if not quiet:
-                say(f"step {state.step:>5}  joint success " + " ".join(f"{report[t.index]:.3f}" for t in state.agents))
-
-    train_cfg = dict(train_cfg)
-    callbacks = [_Success(), *train_cfg.pop("callbacks", ())]
-    agents, population = finetune_ippo(teams, task, evo_steps=evo_steps, tournament=selection, mutation=mutation,
-                                       verbose=not quiet, seed=int(cfg.seed), callbacks=callbacks, **train_cfg)
-    best = max(agents, key=lambda t: t.fitness[-1])
-    return {"agents": agents, "population": population, "initial_fitness": fit0[0], "final_fitness": best.fitness[-1],
-            "initial_success": succ0[0], "final_success": report.get(best.index, math.nan)}

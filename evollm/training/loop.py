@@ -17,9 +17,9 @@ from typing import Callable, Sequence
 import torch
 from tqdm.auto import tqdm
 
-from .. import distributed as dist
-from .. import zero
-from ..population import Population
+from evollm.parallel import distributed as dist
+from evollm.parallel import zero
+from evollm.run.population import Population
 from ..rollout import evaluate_population, generate_population
 from ..run.measure import member_tokens, with_costs
 from .dynamic_sampling import refill
@@ -271,7 +271,7 @@ def finetune_llm_reasoning(pop: Sequence, env, max_steps: int | None = None, eva
 
     Under ``accelerate launch --num_processes N`` the env's batch is the GLOBAL batch: every process
     takes its contiguous ``1/N`` of the prompts, members' gradients are averaged over processes, and
-    fitness is measured on the test prompts split over processes (see :mod:`evollm.distributed`).
+    fitness is measured on the test prompts split over processes (see :mod:`evollm.parallel.distributed`).
 
     ``rollout_backend="vllm"``: every rollout and evaluation of all members is one call to ONE vLLM
     engine per base (each member a LoRA id), kept in step after every learn step, clone, mutation

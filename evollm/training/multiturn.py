@@ -17,7 +17,7 @@
 Under ``accelerate launch --num_processes N`` every process plays its contiguous ``1/N`` of the step's
 seeds and of the evaluation seeds (both must split evenly); members' gradients are averaged over
 processes and the returns summed, so every process takes the same decisions (see
-:mod:`evollm.distributed`).
+:mod:`evollm.parallel.distributed`).
 """
 
 from __future__ import annotations
@@ -28,11 +28,10 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 import torch
-from tqdm.auto import tqdm
 
-from .. import distributed as dist
+from evollm.parallel import distributed as dist
 from ..algorithms.grpo import GRPO
-from ..population import Population
+from evollm.run.population import Population
 from ..rollout import Episode, EnvPool, collect_episodes, stack_episodes
 from ..run.measure import member_tokens, with_costs
 from .data_parallel import seed_sampling
@@ -149,60 +148,3 @@ def finetune_llm_multiturn(pop: Sequence, max_turns: int, env_factory: Callable[
                       evo_steps=evo_steps, tournament=tournament, mutation=mutation, population=population,
                       save_elite=save_elite, elite_path=elite_path, verbose=verbose, seed=seed,
                       callbacks=callbacks, max_time=max_time)
-
-
-# --------------------------------------------------------------------------- from a run config
-def env_factory_from_config(task_cfg: dict, env_cfg: dict, tokenizer) -> tuple[Callable[[], object], int]:
-    """``(env_factory, max_turns)`` for a game task: ``task: {name: guess_number | chain_calc, <game
-    settings>}``, ``env: {type: multiturn, max_turns, max_model_len, max_output_tokens}``; game settings
-    default to those the tiny model was warm-started on."""
-    from ..models.multiturn_warm_start import task_settings
-    from ..tasks.games import game_env_factory
-
-    task_cfg = dict(task_cfg or {})
-    name = task_cfg.pop("name", "guess_number")
-    spec = task_settings(name)
-    game = {**spec["game"], **task_cfg}
-    probe = game_env_factory(name, tokenizer, game=game)()
-    max_turns = int(env_cfg.get("max_turns") or probe.max_turns)
-    factory = game_env_factory(name, tokenizer, game=game, max_turns=max_turns,
-                               max_model_len=env_cfg.get("max_model_len", 256),
-                               max_output_tokens=int(env_cfg.get("max_output_tokens", spec["max_output_tokens"])))
-    return factory, max_turns
-
-
-def run_multiturn_from_config(cfg, members, tokenizer, train_cfg: dict, evo_steps, selection, mutation,
-                              quiet: bool) -> dict:
-    """What ``evollm train`` runs for ``env.type: multiturn``: measure the warm start on the fixed evaluation
-    episodes, train, and return ``{agents, population, initial_fitness, final_fitness, initial_success,
-    final_success}`` (fitness = mean return; success = fraction of episodes won, best member)."""
-    task = {"name": cfg.task.name, **cfg.task.game}
-    env = {k: v for k, v in cfg.env.to_dict().items() if v is not None}
-    factory, max_turns = env_factory_from_config(task, env, tokenizer)
-    train_cfg = dict(train_cfg)
-    eval_n = int(train_cfg.pop("eval_episodes", 64))
-    seed = int(cfg.seed)
-    pool = EnvPool(factory)
-    seeds = [EVAL_SEED_OFFSET + seed * 10**6 + i for i in range(eval_n)]  # the loop's own evaluation seeds
-    fit0, eps0 = evaluate_episodes(members[:1], pool, seeds, max_turns, record=False)
-    initial_success = success_rate(eps0[members[0].index])
-    if dist.is_main_process():
-        print(f"warm start: success {initial_success:.3f}, mean return {fit0[0]:.3f} on {eval_n} fixed greedy "
-              "episodes")
-    successes: dict[int, float] = {}
-
-    def log(step, agents, episodes):  # multi-process: equal shares of the seeds, so the mean of the rates
-        rates = [success_rate(episodes[a.index]) for a in agents]
-        if dist.is_distributed():
-            rates = dist.all_reduce_mean(rates).tolist()
-        successes.update({a.index: r for a, r in zip(agents, rates)})
-        if not quiet and dist.is_main_process():
-            tqdm.write(f"step {step:>5}  success " + " ".join(f"{successes[a.index]:.3f}" for a in agents))
-
-    agents, population = finetune_llm_multiturn(
-        members, max_turns=max_turns, env_factory=factory, evo_steps=evo_steps, tournament=selection,
-        mutation=mutation, eval_episodes=eval_n, verbose=not quiet, seed=seed, on_evaluation=log, **train_cfg)
-    best = max(agents, key=lambda a: a.fitness[-1])
-    return {"agents": agents, "population": population, "initial_fitness": fit0[0],
-            "final_fitness": best.fitness[-1], "initial_success": initial_success,
-            "final_success": successes.get(best.index, math.nan)}

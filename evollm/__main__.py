@@ -1,0 +1,6 @@
+"""``python -m evollm train|resume|report ...`` (the same as the ``evollm`` command)."""
+
+from evollm.recipes.cli import main
+
+if __name__ == "__main__":
+    main()

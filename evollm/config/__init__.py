@@ -1,0 +1,20 @@
+"""The run config: ``evollm train CONFIG.yaml`` as documented dataclass sections.
+
+* :mod:`evollm.config.schema` -- the section machinery (typed fields with help text, strict loading,
+  did-you-mean, ``--set`` overrides, rules for settings that would have no effect);
+* :mod:`evollm.config.hpo` -- the ``hpo:`` section (hp_config, mutation, selection);
+* :mod:`evollm.config.run` -- every other section and :class:`RunConfig`.
+
+Only :mod:`evollm.recipes` reads a run config: it builds the objects once and hands them down.
+"""
+
+from .hpo import HPOSection
+from .run import (ALGORITHMS, HF_SOURCES, SINGLE_TURN_TASKS, TEAM_TASKS, TINY_SOURCES, AlgorithmSection, EnvSection,
+                  LoggingSection, LoraSection, ModelSection, RunConfig, TaskSection, TrainSection, algorithm_class,
+                  describe_config, multiturn_tasks, task_names)
+from .schema import ConfigError, apply_override
+
+__all__ = ["ALGORITHMS", "HF_SOURCES", "SINGLE_TURN_TASKS", "TEAM_TASKS", "TINY_SOURCES", "AlgorithmSection",
+           "ConfigError", "EnvSection", "HPOSection", "LoggingSection", "LoraSection", "ModelSection", "RunConfig",
+           "TaskSection", "TrainSection", "algorithm_class", "apply_override", "describe_config", "multiturn_tasks",
+           "task_names"]

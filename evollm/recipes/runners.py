@@ -1,0 +1,147 @@
+"""What ``evollm train`` runs for each kind of environment: build the env, measure the
+warm start, train, measure again."""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+from tqdm.auto import tqdm
+
+from ..algorithms.ippo_rollout import evaluate_teams
+from ..envs.reasoning import ReasoningGym
+from ..envs.team import TeamTask
+from ..parallel import distributed as dist
+from ..rollout import EnvPool, evaluate_population
+from ..tasks.coop import relay_task
+from ..tasks.games import game_env_factory, task_settings
+from ..training.callbacks import Callback
+from ..training.data_parallel import evaluate_data_parallel
+from ..training.ippo import finetune_ippo
+from ..training.loop import finetune_llm_reasoning
+from ..training.multiturn import EVAL_SEED_OFFSET, evaluate_episodes, finetune_llm_multiturn, success_rate
+from .builders import build_task
+
+
+def run_reasoning(cfg, members, tokenizer, train_cfg: dict, evo_steps, selection, mutation, quiet: bool) -> dict:
+    train_ds, test_ds, reward_fn, template = build_task(cfg.task, cfg.seed)
+    # data_batch_size_per_gpu is per process: the env yields the global batch, each process its share
+    env = ReasoningGym(train_ds, test_ds, tokenizer, reward_fn, template, seed=cfg.seed,
+                       data_batch_size_per_gpu=cfg.env.data_batch_size_per_gpu * dist.num_processes(),
+                       max_context_length=cfg.env.max_context_length, eval_batch_size=cfg.env.eval_batch_size,
+                       long_prompts=cfg.env.long_prompts, chat_template_kwargs=cfg.task.chat_template_kwargs)
+    initial = evaluate_data_parallel(members[:1], env, evaluate_population, record=False)[0]
+    if dist.is_main_process():
+        print(f"warm start: held-out accuracy {initial:.3f} on {len(env.test_prompts())} fixed test questions")
+    agents, population = finetune_llm_reasoning(
+        members, env, evo_steps=evo_steps, tournament=selection, mutation=mutation, verbose=not quiet,
+        seed=cfg.seed, **train_cfg)
+    final = max(a.fitness[-1] for a in agents)
+    return {"agents": agents, "population": population, "initial_fitness": initial, "final_fitness": final}
+
+
+def run_multiturn(cfg, members, tokenizer, train_cfg: dict, evo_steps, selection, mutation, quiet: bool) -> dict:
+    train_cfg = {**train_cfg, "episodes_per_step": cfg.train.episodes_per_step,
+                 "eval_episodes": cfg.train.eval_episodes}
+    return run_multiturn_from_config(cfg, members, tokenizer, train_cfg, evo_steps, selection, mutation, quiet)
+
+
+def run_team(cfg, members, tokenizer, train_cfg: dict, evo_steps, selection, mutation, quiet: bool) -> dict:
+    """IPPO teams (``algorithm.name: IPPO``) on a cooperative task (``task.name: relay_sum``)."""
+    return run_team_from_config(cfg, members, tokenizer, train_cfg, evo_steps, selection, mutation, quiet)
+
+
+# --------------------------------------------------------------------------- multi-turn games
+def env_factory_from_config(task_cfg: dict, env_cfg: dict, tokenizer) -> tuple[Callable[[], object], int]:
+    """``(env_factory, max_turns)`` for a game task: ``task: {name: guess_number | chain_calc, <game
+    settings>}``, ``env: {type: multiturn, max_turns, max_model_len, max_output_tokens}``; game settings
+    default to those the tiny model was warm-started on."""
+    task_cfg = dict(task_cfg or {})
+    name = task_cfg.pop("name", "guess_number")
+    spec = task_settings(name)
+    game = {**spec["game"], **task_cfg}
+    probe = game_env_factory(name, tokenizer, game=game)()
+    max_turns = int(env_cfg.get("max_turns") or probe.max_turns)
+    factory = game_env_factory(name, tokenizer, game=game, max_turns=max_turns,
+                               max_model_len=env_cfg.get("max_model_len", 256),
+                               max_output_tokens=int(env_cfg.get("max_output_tokens", spec["max_output_tokens"])))
+    return factory, max_turns
+
+
+def run_multiturn_from_config(cfg, members, tokenizer, train_cfg: dict, evo_steps, selection, mutation,
+                              quiet: bool) -> dict:
+    """What ``evollm train`` runs for ``env.type: multiturn``: measure the warm start on the fixed evaluation
+    episodes, train, and return ``{agents, population, initial_fitness, final_fitness, initial_success,
+    final_success}`` (fitness = mean return; success = fraction of episodes won, best member)."""
+    task = {"name": cfg.task.name, **cfg.task.game}
+    env = {k: v for k, v in cfg.env.to_dict().items() if v is not None}
+    factory, max_turns = env_factory_from_config(task, env, tokenizer)
+    train_cfg = dict(train_cfg)
+    eval_n = int(train_cfg.pop("eval_episodes", 64))
+    seed = int(cfg.seed)
+    pool = EnvPool(factory)
+    seeds = [EVAL_SEED_OFFSET + seed * 10**6 + i for i in range(eval_n)]  # the loop's own evaluation seeds
+    fit0, eps0 = evaluate_episodes(members[:1], pool, seeds, max_turns, record=False)
+    initial_success = success_rate(eps0[members[0].index])
+    if dist.is_main_process():
+        print(f"warm start: success {initial_success:.3f}, mean return {fit0[0]:.3f} on {eval_n} fixed greedy "
+              "episodes")
+    successes: dict[int, float] = {}
+
+    def log(step, agents, episodes):  # multi-process: equal shares of the seeds, so the mean of the rates
+        rates = [success_rate(episodes[a.index]) for a in agents]
+        if dist.is_distributed():
+            rates = dist.all_reduce_mean(rates).tolist()
+        successes.update({a.index: r for a, r in zip(agents, rates)})
+        if not quiet and dist.is_main_process():
+            tqdm.write(f"step {step:>5}  success " + " ".join(f"{successes[a.index]:.3f}" for a in agents))
+
+    agents, population = finetune_llm_multiturn(
+        members, max_turns=max_turns, env_factory=factory, evo_steps=evo_steps, tournament=selection,
+        mutation=mutation, eval_episodes=eval_n, verbose=not quiet, seed=seed, on_evaluation=log, **train_cfg)
+    best = max(agents, key=lambda a: a.fitness[-1])
+    return {"agents": agents, "population": population, "initial_fitness": fit0[0],
+            "final_fitness": best.fitness[-1], "initial_success": initial_success,
+            "final_success": successes.get(best.index, math.nan)}
+
+
+# --------------------------------------------------------------------------- IPPO teams
+TEAM_TASKS = ("relay_sum",)
+
+
+def team_task_from_config(task_cfg, env_cfg, tokenizer, seed: int, teams) -> TeamTask:
+    """The :class:`TeamTask` of the config's ``task`` (``name: relay_sum``) and ``env`` (``type: team``,
+    ``success_threshold``) sections; replies as long as the teams' ``max_new_tokens``."""
+    name = getattr(task_cfg, "name", "relay_sum")
+    if name not in TEAM_TASKS:
+        raise ValueError(f"task.name={name!r} is not a team task; valid: {list(TEAM_TASKS)}")
+    team = teams[0].config
+    return relay_task(tokenizer, seed=seed, max_new_tokens=team.max_new_tokens, max_model_len=team.max_model_len,
+                      success_threshold=float(getattr(env_cfg, "success_threshold", 1.0)))
+
+
+def run_team_from_config(cfg, teams, tokenizer, train_cfg: dict, evo_steps, selection, mutation, quiet: bool) -> dict:
+    """What ``evollm train`` runs for ``env.type: team``: measure the warm start (one untrained team) on the fixed
+    evaluation rows, train, and return ``{agents, population, initial_fitness, final_fitness, initial_success,
+    final_success}`` (fitness = mean joint reward; success = fraction of episodes every agent got right)."""
+    task = team_task_from_config(cfg.task, cfg.env, tokenizer, int(cfg.seed), teams)
+    fit0, succ0 = evaluate_teams(teams[:1], task, record=False)
+    say = print if dist.is_main_process() else (lambda *a, **k: None)
+    say(f"warm start: joint reward {fit0[0]:.3f}, joint success {succ0[0]:.3f} on {len(task.eval_rows)} fixed "
+          "greedy episodes")
+    report = {}
+
+    class _Success(Callback):
+        def on_evaluation(self, state, fitness):
+            rows = state.record.rows[-len(state.agents):]
+            report.update({r["member"]: r.get("success", math.nan) for r in rows})
+            if not quiet:
+                say(f"step {state.step:>5}  joint success " + " ".join(f"{report[t.index]:.3f}" for t in state.agents))
+
+    train_cfg = dict(train_cfg)
+    callbacks = [_Success(), *train_cfg.pop("callbacks", ())]
+    agents, population = finetune_ippo(teams, task, evo_steps=evo_steps, tournament=selection, mutation=mutation,
+                                       verbose=not quiet, seed=int(cfg.seed), callbacks=callbacks, **train_cfg)
+    best = max(agents, key=lambda t: t.fitness[-1])
+    return {"agents": agents, "population": population, "initial_fitness": fit0[0], "final_fitness": best.fitness[-1],
+            "initial_success": succ0[0], "final_success": report.get(best.index, math.nan)}

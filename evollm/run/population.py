@@ -1,0 +1,245 @@
+"""The record of an evolving population: who was born from whom, with which mutation,
+which hyperparameters, and every fitness and train-reward measurement.
+
+``report()`` is one row per member per evaluation; ``lineage()`` one row per birth;
+``metrics()`` one row per member per training step (learn metrics, timings, throughput, memory).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import pandas as pd
+
+from ..utils.atomic import atomic_file, jsonable
+
+
+def _hyperparameters(agent) -> dict[str, Any]:
+    names = list(agent.hp_config.names()) if getattr(agent, "hp_config", None) is not None else []
+    for default in ("lr", "beta", "clip_coef", "lora_rank"):
+        if default not in names:
+            names.append(default)
+    out = {}
+    for name in names:
+        try:
+            value = agent.get_hyperparameter(name)
+        except (ValueError, AttributeError, KeyError):
+            continue
+        out[name] = list(value) if isinstance(value, tuple) else value
+    return out
+
+
+@dataclass
+class Birth:
+    member: int
+    parent: int | None
+    generation: int
+    step: int
+    mutation: str = "none"
+    mutation_kind: str = "none"
+    old_value: Any = None
+    new_value: Any = None
+    hyperparameters: dict = field(default_factory=dict)
+
+
+class Population:
+    """History of a population of agents; the agents themselves are in ``members``."""
+
+    def __init__(self, agents: Sequence | None = None, algorithm: str | None = None):
+        self.members: list = []
+        self.births: list[Birth] = []
+        self.rows: list[dict] = []
+        self.metric_rows: list[dict] = []  # plain JSON-able dicts, one per member per step
+        self.generation = 0
+        self.algorithm = algorithm
+        for agent in agents or []:
+            self.add_founder(agent)
+
+    # ------------------------------------------------------------------ recording
+    def add_founder(self, agent, step: int = 0) -> None:
+        self.members.append(agent)
+        self.algorithm = self.algorithm or type(agent).__name__
+        self.births.append(Birth(agent.index, None, self.generation, step, hyperparameters=_hyperparameters(agent)))
+
+    def record_mutations(self, agents: Sequence, step: int) -> None:
+        """Note mutations applied to living members outside selection (the elite under
+        ``mutate_elite``, a mutation of founders before training): each is a new lineage row of the
+        same member, its parent itself, so the row of its original birth is kept."""
+        for agent in agents:
+            m = getattr(agent, "last_mutation", None)
+            if m is None or m.kind == "none":
+                continue
+            self.births.append(Birth(agent.index, agent.index, self.generation, step, mutation=m.name or "none",
+                                     mutation_kind=m.kind, old_value=_scalar(m.old), new_value=_scalar(m.new),
+                                     hyperparameters=_hyperparameters(agent)))
+
+    def record_evaluation(self, step: int, agents: Sequence, fitness: Sequence[float],
+                          train_rewards: dict[int, float] | None = None, extra: dict[int, dict] | None = None) -> None:
+        for agent, f in zip(agents, fitness):
+            row = {"step": step, "generation": self.generation, "member": agent.index,
+                   "parent": self._birth(agent.index).parent, "fitness": float(f),
+                   "train_reward": (train_rewards or {}).get(agent.index, math.nan)}
+            row.update({f"hp_{k}": v for k, v in _hyperparameters(agent).items()})
+            row.update((extra or {}).get(agent.index, {}))
+            self.rows.append(row)
+
+    def record_selection(self, result, step: int) -> None:
+        """After selection + mutation: register the clones as births of a new generation."""
+        self.generation += 1
+        for agent in result.population:
+            if agent.index in result.parents:
+                m = getattr(agent, "last_mutation", None)
+                self.births.append(Birth(
+                    agent.index, result.parents[agent.index], self.generation, step,
+                    mutation=(m.name or "none") if m is not None and m.kind != "none" else "none",
+                    mutation_kind=m.kind if m is not None else "none",
+                    old_value=_scalar(m.old) if m is not None else None,
+                    new_value=_scalar(m.new) if m is not None else None,
+                    hyperparameters=_hyperparameters(agent)))
+        self.members = list(result.population)
+
+    def record_step(self, step: int, metrics: dict[int, dict]) -> None:
+        """One row per member that learnt at ``step`` (``metrics``: member index -> its learn metrics,
+        timings, tokens and memory as returned by the loop's ``train_step``)."""
+        for index, m in metrics.items():
+            row = {"step": int(step), "generation": self.generation, "member": int(index)}
+            row.update({k: _scalar(v) for k, v in m.items() if _is_scalar(v) and k not in COST_COLUMNS})
+            row.update({k: _scalar(m.get(k, math.nan)) for k in COST_COLUMNS})
+            self.metric_rows.append(row)
+
+    def record_evaluation_time(self, step: int, seconds: float) -> None:
+        """The wall time of the evaluation run after ``step`` (all members at once), on that step's rows."""
+        for row in reversed(self.metric_rows):
+            if row["step"] != step:
+                break
+            row["time_eval_s"] = float(seconds)
+
+    def _birth(self, index: int) -> Birth:
+        for b in reversed(self.births):
+            if b.member == index:
+                return b
+        raise KeyError(f"member {index} is not in this population's record")
+
+    # ------------------------------------------------------------------ views
+    def report(self) -> pd.DataFrame:
+        """One row per member per evaluation: step, generation, member, parent, fitness,
+        train_reward, and every hyperparameter as ``hp_<name>``."""
+        return typed(pd.DataFrame(self.rows), REPORT_DTYPES)
+
+    def metrics(self) -> pd.DataFrame:
+        """One row per member per training step: step, generation, member, every learn metric the
+        algorithm returns (loss, kl, clip_fraction, entropy, grad_norm, mean_reward, ...; value_loss
+        for PPO), ``time_generate_s``/``time_learn_s``/``time_eval_s``, ``gen_tokens``,
+        ``tokens_per_s`` and ``peak_memory_mb`` (README: "What a run directory holds")."""
+        return typed(pd.DataFrame(self.metric_rows), METRICS_DTYPES)
+
+    def lineage(self) -> pd.DataFrame:
+        """One row per birth: member, parent, generation, step, mutation (name, kind, old, new) and
+        the member's hyperparameters at birth as ``hp_<name>``."""
+        rows = []
+        for b in self.births:
+            d = asdict(b)
+            hps = d.pop("hyperparameters")
+            d.update({f"hp_{k}": v for k, v in hps.items()})
+            rows.append(d)
+        return typed(pd.DataFrame(rows), LINEAGE_DTYPES)
+
+    def to_optuna(self, study_name: str, storage: str | None = None, hp_config=None):
+        """Export the run as an Optuna study: one trial per member lineage segment, with its
+        hyperparameters and fitness, so Optuna's visualisations and importance tools work on it."""
+        from evollm.hpo.optuna_utils import population_to_study
+
+        hp_config = hp_config or next((a.hp_config for a in self.members if a.hp_config is not None), None)
+        if hp_config is None:
+            raise ValueError("to_optuna needs an hp_config (none of the members has one)")
+        return population_to_study(self.lineage(), self.report(), hp_config, study_name, storage)
+
+    def best(self):
+        """The current member with the highest last fitness, among members evaluated since their
+        birth (clones start with an empty fitness history, so an unevaluated clone never wins)."""
+        scored = [a for a in self.members if a.fitness]
+        return max(scored, key=lambda a: a.fitness[-1]) if scored else self.members[0]
+
+    # ------------------------------------------------------------------ files
+    def write(self, out_dir: str | Path, plots: bool = True) -> dict[str, Path]:
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        paths = {"report": out / "report.csv", "lineage": out / "lineage.csv", "metrics": out / "metrics.csv"}
+        for key, frame in (("report", self.report()), ("lineage", self.lineage()), ("metrics", self.metrics())):
+            write_csv(frame, paths[key])
+        if plots and self.rows:
+            from evollm.run.plots import plot_run
+            paths.update(plot_run(self.report(), self.lineage(), self.metrics(), out))
+        return paths
+
+    def state_dict(self) -> dict:
+        return {"generation": self.generation, "algorithm": self.algorithm,
+                "births": [asdict(b) for b in self.births], "rows": self.rows, "metrics": self.metric_rows}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.generation = state["generation"]
+        self.algorithm = state.get("algorithm")
+        self.births = [Birth(**b) for b in state["births"]]
+        self.rows = list(state["rows"])
+        self.metric_rows = list(state.get("metrics", []))
+
+    def save_json(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.state_dict(), indent=1, default=jsonable))
+
+    def __len__(self) -> int:
+        return len(self.members)
+
+    def __iter__(self):
+        return iter(self.members)
+
+    def __getitem__(self, i):
+        return self.members[i]
+
+
+#: Column types of the three tables (columns not named here keep pandas' inference). ``parent`` is a
+#: nullable integer: founders have none.
+REPORT_DTYPES = {"step": "int64", "generation": "int64", "member": "int64", "parent": "Int64",
+                 "fitness": "float64", "train_reward": "float64"}
+LINEAGE_DTYPES = {"member": "int64", "parent": "Int64", "generation": "int64", "step": "int64",
+                  "mutation": "string", "mutation_kind": "string"}
+#: The cost columns that close every metrics row (see :mod:`evollm.run.measure`).
+COST_COLUMNS = ("time_generate_s", "time_learn_s", "time_eval_s", "gen_tokens", "tokens_per_s", "peak_memory_mb")
+METRICS_DTYPES = {"step": "int64", "generation": "int64", "member": "int64", "gen_tokens": "Int64"}
+
+
+def typed(frame: pd.DataFrame, dtypes: dict[str, str]) -> pd.DataFrame:
+    """``frame`` with the given column types (integers stay integers, ``parent`` is ``Int64``) and
+    ``hp_lora_rank`` as a nullable integer; unknown columns are left as they are."""
+    cols = {c: t for c, t in dtypes.items() if c in frame.columns}
+    if "hp_lora_rank" in frame.columns:
+        cols["hp_lora_rank"] = "Int64"
+    for col, dtype in cols.items():
+        if dtype in ("Int64", "int64"):
+            values = pd.to_numeric(frame[col], errors="coerce")
+            frame[col] = values.astype("Int64" if dtype == "Int64" or values.isna().any() else "int64")
+        else:
+            frame[col] = frame[col].astype(dtype)
+    return frame
+
+
+def write_csv(frame: pd.DataFrame, path: str | Path) -> Path:
+    """Write ``frame`` to ``path`` atomically (a reader or a crash never sees half a file)."""
+    with atomic_file(path) as tmp:
+        frame.to_csv(tmp, index=False)
+    return Path(path)
+
+
+def _is_scalar(value) -> bool:
+    return isinstance(value, (int, float, bool, str)) or (hasattr(value, "item") and getattr(value, "ndim", 0) == 0)
+
+
+def _scalar(value):
+    if isinstance(value, tuple):
+        return list(value)
+    if hasattr(value, "item"):
+        return value.item()
+    return value

@@ -1,0 +1,112 @@
+"""Multi-process data parallel (accelerate launch, 2 CPU processes, gloo): the population stays
+identical on every process (single-turn and multi-turn runs), and an update equals the 1-process
+update on the same global batch (GRPO, LLMPPO, IPPO agents)."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file
+
+from data_parallel_script import fixed_batch
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _members(path):
+    with safe_open(str(path), "pt") as f:
+        return json.loads(f.metadata()["members"]), load_file(str(path))
+
+
+@pytest.fixture(scope="module")
+def two_process_run(tmp_path_factory, cache_dir):
+    if shutil.which("accelerate") is None:
+        pytest.fail("accelerate's launcher is not on PATH")
+    from evollm.recipes.warm_start import load_tiny_model
+
+    from evollm.recipes.coop_warm_start import load_tiny_coop_model
+    from evollm.recipes.multiturn_warm_start import load_tiny_multiturn_model
+
+    load_tiny_model(warm_start=True, cache_dir=cache_dir)  # build the caches once, before two processes race
+    load_tiny_multiturn_model("guess_number", warm_start=True, cache_dir=cache_dir)
+    load_tiny_coop_model(warm_start=True, cache_dir=cache_dir)
+    out = tmp_path_factory.mktemp("dp")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    cmd = ["accelerate", "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision",
+           "no", "--dynamo_backend", "no", "--main_process_port", "29517", str(ROOT / "tests" / "data_parallel_script.py"),
+           str(out), cache_dir]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    return out, proc.stdout
+
+
+def test_population_is_identical_on_every_process(two_process_run):
+    out, stdout = two_process_run
+    (ids0, t0), (ids1, t1) = _members(out / "run-rank0.safetensors"), _members(out / "run-rank1.safetensors")
+    assert ids0 == ids1  # same members, ranks and learning rates after selection and mutation
+    assert t0.keys() == t1.keys()
+    for k in t0:
+        assert torch.equal(t0[k], t1[k]), k
+    assert json.loads((out / "run-rank0.json").read_text()) == json.loads((out / "run-rank1.json").read_text())
+    summary = json.loads((out / "run" / "summary.json").read_text())
+    assert summary["num_processes"] == 2
+    assert stdout.count("warm start: held-out") == 1  # only the main process prints
+
+
+def test_two_process_update_equals_one_process_update_on_the_same_global_batch(two_process_run):
+    from conftest import make_grpo
+    from evollm.recipes.warm_start import load_tiny_model
+    from evollm.training.loop import learn_all
+
+    out, _ = two_process_run
+    model, tok = load_tiny_model(warm_start=False, seed=0)
+    torch.manual_seed(0)
+    pop = make_grpo(model, tok, n=2, lr=1e-2, batch_size=64)
+    pop[1].set_hyperparameter("lr", 3e-3)
+    seqs, masks, rewards = fixed_batch(tok)
+    exp = (seqs.reshape(-1, seqs.shape[2]), masks.reshape(-1, masks.shape[2]), rewards)
+    before = {a.index: a.shared.state_dict(a.adapter_name()) for a in pop}
+    for _ in range(2):
+        learn_all(pop, [exp, exp])
+    (_, r0), (_, r1) = _members(out / "fixed-rank0.safetensors"), _members(out / "fixed-rank1.safetensors")
+    for a in pop:
+        for k, v in a.shared.state_dict(a.adapter_name()).items():
+            assert torch.equal(r0[f"{a.index}/{k}"], r1[f"{a.index}/{k}"])
+            torch.testing.assert_close(r0[f"{a.index}/{k}"], v, atol=5e-5, rtol=1e-3)  # Adam amplifies float rounding on tiny grads
+        moved = max((a.shared.state_dict(a.adapter_name())[k] - before[a.index][k]).abs().max() for k in before[a.index])
+        assert moved > 1e-4  # the update did something
+
+
+@pytest.mark.parametrize("part,warm_start", [("multiturn", "warm start: success"), ("team", "warm start: joint reward")])
+def test_multiturn_and_team_populations_are_identical_on_every_process(two_process_run, part, warm_start):
+    """A multi-turn game (LLMPPO) and IPPO teams: each process plays its half of the episodes / rows."""
+    out, stdout = two_process_run
+    t0, t1 = (load_file(str(out / f"{part}-rank{r}.safetensors")) for r in (0, 1))
+    assert t0.keys() == t1.keys() and any("/critic/" in k for k in t0)
+    for k in t0:
+        assert torch.equal(t0[k], t1[k]), k
+    f0, f1 = (json.loads((out / f"{part}-rank{r}.json").read_text()) for r in (0, 1))
+    assert f0 == f1 and any(len(f) >= 2 for f in f0)  # the same fitness (returns reduced over processes)
+    assert stdout.count(warm_start) == 1  # only the main process prints
+    assert json.loads((out / part / "summary.json").read_text())["num_processes"] == 2
+
+
+def test_actor_critic_update_equals_one_process_update_on_the_same_global_batch(two_process_run):
+    import zero_script
+
+    out, _ = two_process_run
+    t0, t1 = (load_file(str(out / f"ppo-rank{r}.safetensors")) for r in (0, 1))
+    pop, norms = zero_script.ppo_scenario()
+    ref = zero_script.member_tensors(pop)
+    assert ref.keys() == t0.keys()
+    for k in ref:
+        assert torch.equal(t0[k], t1[k]), k
+        torch.testing.assert_close(t0[k], ref[k], atol=5e-4, rtol=1e-3)  # as in tests/parallel/test_zero.py
+    dp_norms = json.loads((out / "ppo-rank0.json").read_text())
+    torch.testing.assert_close(torch.tensor(sum(dp_norms, [])), torch.tensor(sum(norms, [])), atol=1e-5, rtol=1e-4)
