@@ -389,16 +389,16 @@ class IPPOTeam:
     def write_checkpoint(self, path: Path) -> Path:
         """The team's files into ``path`` (what :meth:`save_checkpoint` writes; a run checkpoint writes
         every team this way inside its own atomic folder)."""
-        from evollm.utils.atomic import _jsonable
+        from evollm.utils.atomic import jsonable
         from evollm.algorithms.checkpoint import save_agent
 
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         for i, agent in enumerate(self.agents):
             save_agent(agent, path / f"agent_{i}")
-        info = {"algorithm": type(self).__name__, "index": self.index, "config": _jsonable(self.config),
+        info = {"algorithm": type(self).__name__, "index": self.index, "config": jsonable(self.config),
                 "hp_config": self.hp_config.to_dict() if self.hp_config is not None else None,
-                "fitness": [_jsonable(f) for f in self.fitness], "scores": [_jsonable(s) for s in self.scores],
+                "fitness": [jsonable(f) for f in self.fitness], "scores": [jsonable(s) for s in self.scores],
                 "steps": self.steps, "agents": [a.index for a in self.agents], "lora_rank": self.lora_rank,
                 "pad_token_id": self.pad_token_id, "pad_token": self.agents[0].pad_token,
                 "eos_token_id": self.agents[0].eos_token_id}
