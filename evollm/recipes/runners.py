@@ -23,8 +23,9 @@ from ..training.multiturn import EVAL_SEED_OFFSET, evaluate_episodes, finetune_l
 from .builders import build_task
 
 
-def run_reasoning(cfg, members, tokenizer, train_cfg: dict, evo_steps, selection, mutation, quiet: bool) -> dict:
-    train_ds, test_ds, reward_fn, template = build_task(cfg.task, cfg.seed)
+def run_reasoning(cfg, members, tokenizer, train_cfg: dict, evo_steps, selection, mutation, quiet: bool,
+                  task=None) -> dict:
+    train_ds, test_ds, reward_fn, template = task if task is not None else build_task(cfg.task, cfg.seed)
     # data_batch_size_per_gpu is per process: the env yields the global batch, each process its share
     env = ReasoningGym(train_ds, test_ds, tokenizer, reward_fn, template, seed=cfg.seed,
                        data_batch_size_per_gpu=cfg.env.data_batch_size_per_gpu * dist.num_processes(),
