@@ -78,6 +78,7 @@ def run_one(task, cfg, arm: str, seed: int, path: Path, setup: dict, args) -> No
             "validation_size": task.validation_size, "steps": rec.checkpoints[-1]["step"] if rec.checkpoints else 0,
             **out}
     part["recommended_hyperparameters"] = _recommended(part, last_eval)
+    part["git"] = _git_head()
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(part, indent=1, default=float))
     tmp.replace(path)
@@ -113,7 +114,10 @@ def arms_of(args, cfg) -> list[str]:
 
 
 def run_jobs(args, jobs: list[tuple[str, int]], path_of: dict, parts: Path) -> None:
-    """``args.jobs`` worker processes, each running its share of the unfinished jobs in turn."""
+    """``args.jobs`` worker processes, each running its share of the unfinished jobs in turn (a SIGTERM to
+    the driver stops them too)."""
+    import signal
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1",
                PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     todo = [j for j in jobs if not path_of[j].exists()]
