@@ -108,8 +108,9 @@ def _recommended(part: dict, last_eval: dict | None) -> dict:
 def arms_of(args, cfg) -> list[str]:
     from .arms import grid_values
     arms = list(args.arms)
-    if args.grid_points and "grid" not in args.skip:
-        arms += [f"grid:lr={v:g}" for v in grid_values(cfg, args.grid_points)]
+    if "grid" not in args.skip:
+        values = args.grid_lr or (grid_values(cfg, args.grid_points) if args.grid_points else [])
+        arms += [f"grid:lr={v:g}" for v in values]
     return [a for a in arms if a not in args.skip]
 
 
@@ -208,7 +209,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--checkpoints", type=int, default=8, help="report evaluations at k/N of the budget")
     p.add_argument("--trial-steps", type=int, default=50, help="steps of one tuner trial (tpe, random)")
     p.add_argument("--tpe-startup", type=int, default=3, help="TPE's random start-up trials")
-    p.add_argument("--grid-points", type=int, default=3, help="learning rates of the post-hoc grid (0: none)")
+    p.add_argument("--grid-points", type=int, default=3, help="learning rates of the post-hoc grid, spread over the "
+                   "space's range (0: none); the default run is a point of the grid too")
+    p.add_argument("--grid-lr", type=float, nargs="*", default=[], help="the grid's learning rates instead")
     p.add_argument("--report-size", type=int, default=None,
                    help="held-out report items (single-turn: cut from task.n_test, default half; games: seeds)")
     p.add_argument("--arms", nargs="+", default=list(BASE_ARMS), choices=BASE_ARMS)
