@@ -62,9 +62,11 @@ def run_one(task, cfg, arm: str, seed: int, path: Path, setup: dict, args) -> No
     cfg = with_overrides(cfg, seed_overrides)
     task.new_run()
     torch.manual_seed(seed)
-    base = _base_member(task, cfg)
-    initial = dict(zip(("score", "se"), mean_se(task.report(base))))
-    base.release()
+    if "initial" not in setup:  # the base model's report score: the same for every run of this process
+        base = _base_member(task, cfg)
+        setup["initial"] = dict(zip(("score", "se"), mean_se(task.report(base))))
+        base.release()
+    initial = setup["initial"]
     clock = Clock(args.budget_cpu_s, args.checkpoints)
     out, rec = run_arm(arm, task, cfg, clock, args)
     cpu_s, wall_s = clock.cpu(), clock.wall()
