@@ -158,7 +158,9 @@ def driver(args) -> int:
     key = hashlib.sha1(json.dumps([Path(args.config).read_text(), args.passthrough]).encode()).hexdigest()[:10]
     parts = Path(args.parts_dir or f"/tmp/evollm_hpo/{Path(args.config).stem}_{key}")
     parts.mkdir(parents=True, exist_ok=True)
-    jobs = [(arm, seed) for seed in seeds for arm in arms]
+    # seed by seed, the grid (context) last: a benchmark cut short has whole seeds of the main arms
+    jobs = [(arm, seed) for seed in seeds for arm in arms if not arm.startswith("grid:")] + \
+        [(arm, seed) for seed in seeds for arm in arms if arm.startswith("grid:")]
     path_of = {j: parts / f"{j[0].replace(':', '_').replace('=', '')}_seed{j[1]}.json" for j in jobs}
     if args.in_process and not args.summarise_only:
         args.job = [f"{a}@{s}={path_of[(a, s)]}" for a, s in jobs]
