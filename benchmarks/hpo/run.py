@@ -1,12 +1,13 @@
 """Hyperparameter search at equal compute, for any task a run config describes.
 
     python -m benchmarks.hpo.run --config benchmarks/hpo/configs/tiny_arithmetic.yaml \
-        --seeds 8 --budget-cpu-s 60 --trial-steps 100 --jobs 2 --out benchmarks/results/hpo_tiny
+        --seeds 8 --budget-cpu-s 20 --trial-steps 40 --jobs 4 --out benchmarks/results/hpo_tiny
 
 The config is an ordinary ``evollm train`` config: its model, task and env sections (and the task's
 fixed algorithm settings such as group_size) define the task; the benchmark adds each arm's own settings
-(see :mod:`benchmarks.hpo.arms`). Every (arm, seed) runs in its own process with one torch thread; the
-parts are kept in ``--parts-dir`` and reused, so an interrupted benchmark continues. Writes ``OUT.json``
+(see :mod:`benchmarks.hpo.arms`). ``--jobs`` worker processes (one torch thread each) share the
+(arm, seed) runs; each worker loads the task once. Every run's JSON is kept in ``--parts-dir`` and
+reused, so an interrupted benchmark continues where it stopped. Writes ``OUT.json``
 (every run, every checkpoint, every trial), ``OUT.png`` and ``OUT.md`` (tables), and prints the tables.
 """
 
