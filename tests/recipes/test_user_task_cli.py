@@ -2,6 +2,7 @@
 resume, everything checkable checked before the model loads, and a failed start that leaves nothing."""
 
 import json
+import re
 import sys
 
 import pytest
@@ -44,6 +45,10 @@ def test_reward_next_to_the_config_is_found_and_remembered_for_resume(tmp_path, 
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)  # neither the config's folder nor on sys.path
     assert main(["train", str(config), "--quiet"]) == 0, capsys.readouterr().err
+    assert re.search(r"warm start: held-out fitness \d\.\d{3} ± \d\.\d{3} \(standard error\), the mean reward of "
+                     r"greedy answers to 4 fixed test questions", capsys.readouterr().out)
+    warm = json.loads((tmp_path / "run" / "warm_start.json").read_text())
+    assert set(warm) == {"initial_fitness", "standard_error"} and warm["standard_error"] >= 0
     saved = json.loads((tmp_path / "run" / "run_config.json").read_text())["task"]["reward"]
     assert saved == f"{config.parent / 'mytask' / 'myreward.py'}:score"
     sys.modules.pop("myreward", None)
