@@ -20,7 +20,7 @@ def _task(tmp_path, reward_body="    return float(completion.strip() == str(answ
     config.write_text(f"""
 output_dir: {tmp_path / 'run'}
 model: {{source: tiny, warm_start: false}}
-task: {{dataset: {cfg_dir / 'data.jsonl'}, columns: {{question: problem, answer: solution}}, test_size: 4,
+task: {{dataset: data.jsonl, columns: {{question: problem, answer: solution}}, test_size: 4,
         reward: "{reward}", user_template: "{{question}}"}}
 env: {{data_batch_size_per_gpu: 2}}
 algorithm: {{name: GRPO, population_size: 2, hyperparameters: {{group_size: 2, batch_size: 4, max_output_tokens: 2}}}}
@@ -49,8 +49,9 @@ def test_reward_next_to_the_config_is_found_and_remembered_for_resume(tmp_path, 
                      r"greedy answers to 4 fixed test questions", capsys.readouterr().out)
     warm = json.loads((tmp_path / "run" / "warm_start.json").read_text())
     assert set(warm) == {"initial_fitness", "standard_error"} and warm["standard_error"] >= 0
-    saved = json.loads((tmp_path / "run" / "run_config.json").read_text())["task"]["reward"]
-    assert saved == f"{config.parent / 'mytask' / 'myreward.py'}:score"
+    saved = json.loads((tmp_path / "run" / "run_config.json").read_text())["task"]
+    assert saved["reward"] == f"{config.parent / 'mytask' / 'myreward.py'}:score"
+    assert saved["dataset"] == str(config.parent / "data.jsonl")  # next to the config, remembered
     sys.modules.pop("myreward", None)
     sys.modules.pop("mytask.myreward", None)
     monkeypatch.chdir("/")  # "a new shell" somewhere else
