@@ -84,12 +84,15 @@ class RunLock:
         return start is not None and _start_time(pid) not in (None, start)
 
     def acquire(self) -> "RunLock":
+        self.directory.mkdir(parents=True, exist_ok=True)
         key = str(self.path.resolve())
-        if RunLock._held.get(key):
-            RunLock._held[key] += 1
+        inside = [str(parent / LOCK) for parent in Path(key).parent.parents]
+        held = next((k for k in [key, *inside] if RunLock._held.get(k)), None)
+        if held is not None:  # this process already holds this directory or one above it
+            self.key = held
+            RunLock._held[held] += 1
             self.acquired = True
             return self
-        self.directory.mkdir(parents=True, exist_ok=True)
         for _ in range(5):
             tmp = self.directory / f".lock.{os.getpid()}.{time.monotonic_ns()}"
             tmp.write_text(json.dumps(self._mine()))
@@ -115,21 +118,25 @@ class RunLock:
         else:
             raise RunLocked(f"could not take the lock {self.path} (other processes keep taking it)")
         RunLock._held[key] = 1
-        self.acquired = True
+        self.key, self.acquired = key, True
         return self
 
     def release(self) -> None:
         if not self.acquired:
             return
         self.acquired = False
-        key = str(self.path.resolve())
+        key = self.key
         RunLock._held[key] = RunLock._held.get(key, 1) - 1
         if RunLock._held[key] > 0:
             return
         del RunLock._held[key]
-        info = self.read()
-        if info and info.get("pid") == os.getpid() and info.get("host") == socket.gethostname():
-            self.path.unlink(missing_ok=True)
+        path = Path(key)
+        try:
+            info = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return
+        if isinstance(info, dict) and info.get("pid") == os.getpid() and info.get("host") == socket.gethostname():
+            path.unlink(missing_ok=True)
 
     def __enter__(self) -> "RunLock":
         return self.acquire()
