@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Callable
 
 from evollm.utils.atomic import MANIFEST, CheckpointError, clean_temporaries, remove_folder, verify
-from evollm.algorithms.checkpoint import check_fingerprint, member_ids
+from evollm.algorithms.checkpoint import check_fingerprint, check_recorded_rank, member_ids
 from evollm.run.population_checkpoint import save_population
 from .lock import RunLock
 from .state import RUN_STATE, read_run_state, restore_components, restore_rng, since_eval_from, write_run_state
@@ -291,8 +291,10 @@ def restore_members(live: list, folder: Path, ids: list[int]) -> list:
             template.shared._used_ids.discard(index)  # the same member returns; no other member gets its id
             agent = template.clone(index=index)
         rank = info.get("lora_rank")
-        if rank is not None and int(rank) != agent.lora_rank:
-            agent.set_lora_rank(int(rank))
+        if rank is not None and (member_dir / "adapter").is_dir():  # checked against the adapter files
+            rank = check_recorded_rank(member_dir, rank)                # before a member of that rank exists
+        if rank is not None and rank != agent.lora_rank:
+            agent.set_lora_rank(rank)
         agent.load_checkpoint(member_dir, verify_manifest=False)
         out.append(agent)
     keep = {id(a) for a in out}

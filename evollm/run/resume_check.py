@@ -51,12 +51,17 @@ def refused_changes(changes, allowed=()) -> list[tuple[str, Any, Any]]:
     return [c for c in changes if not covers(c[0], SAFE_ON_RESUME) and not covers(c[0], allowed)]
 
 
+def _show(value) -> str:
+    return "unset" if value is None else repr(value)
+
+
 def refusal_message(refused, checkpoint: Path, total: int) -> str:
     field, old, new = refused[0]
+    old, new = _show(old), _show(new)
     more = f" (and {len(refused) - 1} more: {', '.join(c[0] for c in refused[1:4])})" if len(refused) > 1 else ""
     safe = ", ".join(SAFE_ON_RESUME[:-1])
-    return (f"resuming would change {field} from {old!r} to {new!r}{more}: checkpoint {checkpoint} was trained with "
-            f"{old!r}; only {safe} may change when resuming; undo the change, or pass --allow-change {field} to "
+    return (f"resuming would change {field} from {old} to {new}{more}: checkpoint {checkpoint} was trained with "
+            f"{old}; only {safe} may change when resuming; undo the change, or pass --allow-change {field} to "
             "resume with it (recorded in the run)")
 
 
