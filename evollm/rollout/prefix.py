@@ -166,9 +166,10 @@ def _layers_keep_cache(decoder):
 
 
 def shared_forward(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
-                   first: int, plan: Plan, hidden: bool = False):
+                   first: int, plan: Plan, hidden: bool = False, head: bool = True):
     """``(logits, hidden)`` of positions ``[first, L)`` (``[B, L-first, V]``; the last hidden layer likewise
-    with ``hidden``, else None), the prefix ``[:, :first]`` computed once per ``plan.sources`` row."""
+    with ``hidden``, else None), the prefix ``[:, :first]`` computed once per ``plan.sources`` row. Without
+    ``head`` the output head does not run: ``(None, last hidden layer)``."""
     inner = _inner(model)
     decoder = inner.get_decoder()
     key = _cache_keyword(type(decoder))
@@ -181,7 +182,9 @@ def shared_forward(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
         past = Cache(layers=[_ReadLayer(layer.keys.index_select(0, index), layer.values.index_select(0, index))
                              for layer in record.layers])
         del record
-        out = model(input_ids=input_ids[:, first:], attention_mask=attention_mask,
-                    position_ids=position_ids[:, first:], use_cache=False, output_hidden_states=hidden,
-                    **{_cache_keyword(type(inner)) or key: past})
+        suffix = dict(input_ids=input_ids[:, first:], attention_mask=attention_mask,
+                      position_ids=position_ids[:, first:], use_cache=False)
+        if not head:
+            return None, decoder(**suffix, **{key: past}).last_hidden_state
+        out = model(**suffix, output_hidden_states=hidden, **{_cache_keyword(type(inner)) or key: past})
     return out.logits, (out.hidden_states[-1] if hidden else None)
