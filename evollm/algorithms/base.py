@@ -133,6 +133,10 @@ def build_config(config_cls, config, overrides: dict) -> Any:
     return cfg
 
 
+class MutationHookError(ValueError):
+    """A user's mutation hook raised (the message names the hook and the member)."""
+
+
 class LLMAgent:
     """Base class of every algorithm. Not used directly."""
 
@@ -294,7 +298,12 @@ class LLMAgent:
 
     def run_mutation_hooks(self) -> None:
         for hook in self.mutation_hooks:
-            hook(self)
+            try:
+                hook(self)
+            except Exception as e:  # noqa: BLE001 - re-raised naming the hook and the member
+                name = getattr(hook, "__qualname__", None) or type(hook).__name__
+                raise MutationHookError(f"mutation hook {name} raised {type(e).__name__}: {e} on member "
+                                        f"{self.index}") from e
 
     def clone(self, index: int | None = None, wrap: bool = True) -> "LLMAgent":
         """A new member on the same base: in-memory copies of the adapters, extra modules and
