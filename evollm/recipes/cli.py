@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import signal
 import sys
 import time
@@ -44,6 +45,7 @@ def build_population(cfg, model, tokenizer, hp_config):
 
 
 from evollm.recipes.rundir import RUN_CONFIG, prepare_output_dir  # noqa: E402,F401  (re-exported)
+_RUN_DIR: Path | None = None  # the run `evollm train` started (for the resume hint after a second Ctrl-C)
 
 
 def run_callbacks(cfg, out: Path) -> list:
@@ -63,23 +65,45 @@ def train(config_path: str, overrides: list[str] | None = None, quiet: bool = Fa
 
     dist.init()  # under `accelerate launch`: one process per device, the population on each
     cfg = RunConfig.from_yaml(config_path, overrides)  # every setting is checked before any model is built
+    if cfg.env.type == "reasoning":  # a reward module or file, found from the config's folder or here, remembered
+        from evollm.tasks.reward_spec import locate_reward
+        cfg.task.reward = locate_reward(cfg.task.reward, [Path(config_path).resolve().parent, Path.cwd()])
     out = Path(cfg.output_dir)
-    if not dist.is_main_process():
+    main = dist.is_main_process()
+    global _RUN_DIR
+    _RUN_DIR = out
+    if not main:
         return run(cfg, resume=False, quiet=quiet)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"output_dir {str(out)!r} is a file, not a directory")
     with RunLock(out):  # only the main process writes the run directory, one writer at a time
         prepare_output_dir(out, overwrite)
         write_json(out / RUN_CONFIG, cfg.to_dict(explicit=True))
-        return run(cfg, resume=False, quiet=quiet)
+        try:
+            return run(cfg, resume=False, quiet=quiet)
+        except Exception:
+            forget_failed_start(out)
+            raise
+
+
+def forget_failed_start(out: Path) -> bool:
+    """A run that failed before its first step (a bad reward, dataset or template found while starting)
+    leaves no "previous run" behind, so the corrected command runs without --overwrite. Returns whether
+    the run directory was removed (it holds no checkpoint and no step's metrics)."""
+    from evollm.recipes.rundir import clear
+
+    if not out.is_dir() or (out / "metrics.csv").exists() or any((out / "checkpoints").glob("step_*")):
+        return False
+    clear(out)  # all but the lock, which its holder releases
+    return True
 
 
 def resume(run_dir: str, overrides: list[str] | None = None, quiet: bool = False,
            allow_changes: list[str] | None = None) -> dict:
     """``evollm resume RUN_DIR``: continue a run from its newest valid checkpoint. The resumed config is
-    compared with the checkpoint's record field by field: only the safe fields
-    (:data:`evollm.run.resume_check.SAFE_ON_RESUME`: budget, cadence, logging) may change, others only
-    when named in ``allow_changes`` (recorded in ``config_changes.json``)."""
+    compared with the checkpoint's record field by field: only the budget, the evaluation/checkpoint
+    intervals and logging may change (:data:`evollm.config.schema.RESUME_SETTABLE`), other fields only when
+    named in ``allow_changes`` (``--allow-change FIELD``; recorded in ``config_changes.json``)."""
     out = Path(run_dir)
     if not out.is_dir():
         raise ConfigError(f"run directory {run_dir!r} does not exist" if not out.exists()
@@ -94,18 +118,21 @@ def resume(run_dir: str, overrides: list[str] | None = None, quiet: bool = False
 
 def _resume(out: Path, overrides, quiet: bool, allowed: list[str], main: bool) -> dict:
     from evollm.config import RunConfig, apply_override
-    from evollm.recipes.rundir import check_overrides, check_resumed_config, member_overrides
+    from evollm.config.schema import check_resume_override
+    from evollm.recipes.rundir import check_resumed_config, member_overrides
+    from evollm.run.resume_check import covers
 
     try:
         data = json.loads((out / RUN_CONFIG).read_text())
     except ValueError as e:
         raise ConfigError(f"{out / RUN_CONFIG} is not valid JSON ({e})") from e
-    check_overrides(overrides, allowed)
     for item in overrides or []:
+        if not covers(item.split("=", 1)[0].strip(), allowed):
+            check_resume_override(item)  # the budget, evaluation/checkpoint intervals and logging may change
         apply_override(data, item)
     data["output_dir"] = str(out)
     cfg = RunConfig.from_dict(data)
-    changes = check_resumed_config(out, cfg, allowed, RunConfig, record=main)
+    changes = check_resumed_config(out, cfg, allowed, RunConfig, record=main)  # what the checkpoint recorded
     if main:
         write_json(out / RUN_CONFIG, cfg.to_dict(explicit=True))
         for field, old, new in changes:
@@ -118,7 +145,8 @@ def run(cfg, resume: bool, quiet: bool = False, member_values: dict | None = Non
     ``output_dir/checkpoints``), and write the report, lineage, plots and the best member."""
     import torch
 
-    from evollm.recipes.builders import build_hpo, build_model
+    from evollm.recipes.builders import build_hpo, build_model, build_task
+    from evollm.tasks.user import check_task
 
     dist.init()
     main = dist.is_main_process()
@@ -132,6 +160,10 @@ def run(cfg, resume: bool, quiet: bool = False, member_values: dict | None = Non
     if main:  # only the main process writes the run directory
         write_json(out / "config.json", cfg.to_dict())
     t0 = time.perf_counter()
+    task = None
+    if cfg.env.type == "reasoning":  # dataset, columns, template and reward: checked before the model loads
+        task = build_task(cfg.task, cfg.seed)
+        check_task(*task)
     model, tokenizer = build_model(cfg.model, cfg.seed, cfg.task.name)
     if dist.is_distributed():
         model.to(dist.device())
@@ -155,17 +187,25 @@ def run(cfg, resume: bool, quiet: bool = False, member_values: dict | None = Non
     say = print if main else (lambda *a, **k: None)
     say(f"evollm: {len(members)} x {type(members[0]).__name__} on one shared base "
         f"({sum(p.numel() for p in members[0].shared.base_parameters()):,} base parameters), env={env_type}")
-    if env_type == "reasoning":
-        from evollm.recipes.runners import run_reasoning
-        result = run_reasoning(cfg, members, tokenizer, train_cfg, evo_steps, selection, mutation, quiet)
-    elif env_type == "multiturn":
-        from evollm.recipes.runners import run_multiturn
-        result = run_multiturn(cfg, members, tokenizer, train_cfg, evo_steps, selection, mutation, quiet)
-    elif env_type == "team":
-        from evollm.recipes.runners import run_team
-        result = run_team(cfg, members, tokenizer, train_cfg, evo_steps, selection, mutation, quiet)
-    else:
-        raise ValueError(f"env.type={env_type!r} is not valid; choose one of ['reasoning', 'multiturn', 'team']")
+    from evollm.run import RunInterrupted
+
+    try:
+        if env_type == "reasoning":
+            from evollm.recipes.runners import run_reasoning
+            result = run_reasoning(cfg, members, tokenizer, train_cfg, evo_steps, selection, mutation, quiet,
+                                   task=task)
+        elif env_type == "multiturn":
+            from evollm.recipes.runners import run_multiturn
+            result = run_multiturn(cfg, members, tokenizer, train_cfg, evo_steps, selection, mutation, quiet)
+        elif env_type == "team":
+            from evollm.recipes.runners import run_team
+            result = run_team(cfg, members, tokenizer, train_cfg, evo_steps, selection, mutation, quiet)
+        else:
+            raise ValueError(f"env.type={env_type!r} is not valid; choose one of ['reasoning', 'multiturn', 'team']")
+    except RunInterrupted:
+        if main:  # a stopped segment counts towards the run's wall time
+            _record_segment(out, time.perf_counter() - t0, resume)
+        raise
     agents, population = result["agents"], result["population"]
     result["num_processes"] = dist.num_processes()
     if not main:
@@ -174,7 +214,10 @@ def run(cfg, resume: bool, quiet: bool = False, member_values: dict | None = Non
     paths.update({p.stem + "_plot": p for p in sorted(out.glob("*.png"))})
     best = population.best()
     best.save_checkpoint(out / "best_member")
-    result["wall_time_s"] = time.perf_counter() - t0
+    segment = time.perf_counter() - t0
+    result["wall_time_s"] = segment + _earlier_segments(out, resume)
+    result["wall_time_last_segment_s"] = segment
+    _record_segment(out, segment, resume)
     summary = {k: v for k, v in result.items() if k not in ("agents", "population")}
     summary.update(best_member=best.index, outputs={k: str(v) for k, v in paths.items()})
     write_json(out / "summary.json", summary)
@@ -183,14 +226,39 @@ def run(cfg, resume: bool, quiet: bool = False, member_values: dict | None = Non
     cols = [c for c in ("step", "generation", "member", "parent", "fitness", "train_reward", "hp_lr", "hp_beta",
                         "hp_clip_coef", "hp_lora_rank") if c in report.columns]
     print(report[cols].tail(2 * len(agents)).to_string(index=False))
+    took = f"{result['wall_time_s']:.0f} s" + (f", {segment:.0f} s since the resume" if resume else "")
     print(f"\nwarm start fitness {result['initial_fitness']:.3f} -> best member {best.index} "
-          f"fitness {result['final_fitness']:.3f}   ({result['wall_time_s']:.0f} s)")
+          f"fitness {result['final_fitness']:.3f}   ({took})")
     print(f"outputs in {out}/: report.csv, lineage.csv, metrics.csv, *.png, tensorboard/, best_member/ "
           f"(evollm report {out})")
     return summary
 
 
-USER_ERRORS = (ConfigError, ValueError, TypeError, KeyError, OSError)
+from evollm.envs.reward_call import RewardFunctionError  # noqa: E402  (a user's reward that failed)
+
+SEGMENTS = "segments.json"
+
+
+def _earlier_segments(out: Path, resume: bool) -> float:
+    """Wall seconds of a resumed run's earlier segments (each start or resume until it ended or stopped)."""
+    try:
+        return float(sum(json.loads((out / SEGMENTS).read_text()))) if resume else 0.0
+    except (OSError, ValueError, TypeError):
+        return 0.0
+
+
+def _record_segment(out: Path, seconds: float, resume: bool) -> None:
+    earlier = []
+    if resume:
+        try:
+            earlier = list(json.loads((out / SEGMENTS).read_text()))
+        except (OSError, ValueError, TypeError):
+            earlier = []
+    if out.is_dir():
+        write_json(out / SEGMENTS, [*earlier, round(seconds, 3)])
+
+
+USER_ERRORS = (ConfigError, ValueError, TypeError, KeyError, OSError, RewardFunctionError)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -207,7 +275,9 @@ def main(argv: list[str] | None = None) -> int:
                                "differs from the checkpoint's config; recorded in config_changes.json")
     for p in (p_train, p_resume):
         p.add_argument("--set", dest="overrides", action="append", default=[],
-                       help="override a config value, e.g. --set train.max_steps=10 (resume: only train.max_steps)")
+                       help="override a config value, e.g. --set train.max_steps=10; KEY=null removes a section "
+                            "(resume: train.max_steps/max_time/evaluation_interval/checkpoint_every/"
+                            "keep_checkpoints and logging.*)")
         p.add_argument("--quiet", action="store_true", help="no progress bar")
         p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                        help="show the full traceback of an error")
@@ -217,28 +287,44 @@ def main(argv: list[str] | None = None) -> int:
     p_report.add_argument("--no-plots", dest="plots", action="store_false", help="only print the summary")
     p_report.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                           help="show the full traceback of an error")
+    p_export = sub.add_parser("export", help="write the best member merged into its base (+ tokenizer and the "
+                              "prompt template) as a model folder you can serve")
+    p_export.add_argument("run_dir")
+    p_export.add_argument("out")
+    p_export.add_argument("--overwrite", action="store_true", help="replace a non-empty OUT")
+    p_export.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                          help="show the full traceback of an error")
     args = parser.parse_args(argv)
     from transformers.utils import logging as hf_logging
 
-    from evollm.run import RunInterrupted
-
     from evollm.envs import RewardFunctionError
+    from evollm.run import RunInterrupted
     from evollm.training.quarantine import PopulationDiverged
 
+    global _RUN_DIR
+    _RUN_DIR = None
     hf_logging.disable_progress_bar()
+    import datasets
+
+    datasets.disable_progress_bars()  # "Generating train split" bars of a user's dataset file
     if hasattr(signal, "SIGXFSZ"):  # a file-size limit is an OSError (one line), not a core dump
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     run_dir = getattr(args, "run_dir", None)
     try:
         if args.command == "train":
-            run_dir = _output_dir(args.config, args.overrides)
             train(args.config, args.overrides, args.quiet, args.overwrite)
         elif args.command == "resume":
             resume(args.run_dir, args.overrides, args.quiet, args.allow_changes)
         elif args.command == "report":
             from evollm.run.report import report_run
             report_run(args.run_dir, args.out, plots=args.plots)
+        elif args.command == "export":
+            from evollm.recipes.export import PROMPT_FILE, export_run
+            path = export_run(args.run_dir, args.out, overwrite=args.overwrite)
+            print(f"evollm: best member merged into its base in {path}/ (AutoModelForCausalLM.from_pretrained); "
+                  f"the prompt it was trained on: {path / PROMPT_FILE}")
     except RunInterrupted as e:
+        run_dir = run_dir or (str(_RUN_DIR) if _RUN_DIR is not None else None)
         if e.checkpoint is None:
             print(f"evollm: stopped by {signal.Signals(e.signum).name} before a checkpoint was saved; "
                   f"{_restart_hint(run_dir)}", file=sys.stderr)
@@ -251,18 +337,28 @@ def main(argv: list[str] | None = None) -> int:
     except PopulationDiverged as e:
         if args.debug:
             raise
+        run_dir = run_dir or (str(_RUN_DIR) if _RUN_DIR is not None else None)
         print(f"evollm: error: {one_line(e)}; {_diverged_hint(run_dir)}", file=sys.stderr)
         return 3
     except RewardFunctionError as e:
         if args.debug:
             raise
+        run_dir = run_dir or (str(_RUN_DIR) if _RUN_DIR is not None else None)
         print(f"evollm: error: {one_line(e)}; {_restart_hint(run_dir, 'fix the reward, then ')} "
               "(--debug shows the traceback)", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         if args.debug:
             raise
-        print("evollm: interrupted before a checkpoint could be saved", file=sys.stderr)
+        target = Path(run_dir) if run_dir else _RUN_DIR
+        saved = sorted((target / "checkpoints").glob("step_*/manifest.json"),
+                       key=lambda p: int(p.parent.name.split("_")[-1]) if p.parent.name.split("_")[-1].isdigit()
+                       else -1) if target is not None else []
+        if saved:
+            print(f"evollm: interrupted before a new checkpoint could be saved; the newest is {saved[-1].parent}\n"
+                  f"resume with: evollm resume {target}", file=sys.stderr)
+        else:
+            print("evollm: interrupted before a checkpoint could be saved", file=sys.stderr)
         return 130
     except USER_ERRORS as e:
         if args.debug:
@@ -272,21 +368,8 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _output_dir(config_path: str, overrides) -> str | None:
-    """The run directory a train command writes (for the hints of its error lines), if readable."""
-    try:
-        from evollm.config.schema import apply_override, read_yaml
-
-        data = read_yaml(config_path)
-        for item in overrides or []:
-            apply_override(data, item)
-        return str(data.get("output_dir") or "runs/evollm")
-    except Exception:  # noqa: BLE001 - train() reports a bad config itself
-        return None
-
-
 def _restart_hint(run_dir: str | None, prefix: str = "") -> str:
-    """How to continue: resume from the newest valid checkpoint, or start again when there is none."""
+    """How to go on: resume from the newest valid checkpoint, or start again when there is none."""
     from evollm.run.checkpoints import newest_valid
 
     if run_dir is None:
@@ -294,7 +377,7 @@ def _restart_hint(run_dir: str | None, prefix: str = "") -> str:
     try:
         folder = newest_valid(Path(run_dir) / "checkpoints", log=lambda msg: None, clean=False)
     except ValueError:
-        return f"{prefix}start it again with: evollm train {Path(run_dir) / RUN_CONFIG} (no checkpoint yet)"
+        return f"no checkpoint yet: {prefix}run the same `evollm train` again (no --overwrite needed)"
     return f"last checkpoint {folder}; {prefix}resume with: evollm resume {run_dir}"
 
 
