@@ -77,13 +77,19 @@ def test_a_bad_reward_fails_before_the_model_loads_and_leaves_no_run(tmp_path, m
     assert main(["train", str(config), "--quiet"]) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "returned None (not a finite number)" in err
-    assert not (tmp_path / "run").exists()  # the corrected command needs no --overwrite
+    assert _left_behind(tmp_path / "run") == []  # the corrected command needs no --overwrite
     bad_template = config.read_text().replace('user_template: "{question}"', 'user_template: "{level} {question}"')
     config.write_text(bad_template)
     assert main(["train", str(config), "--quiet"]) == 2
     err = capsys.readouterr().err
     assert "the prompt template uses {level}, which is not a dataset column" in err and "conversation_template" not in err
-    assert not (tmp_path / "run").exists()
+    assert _left_behind(tmp_path / "run") == []
+
+
+def _left_behind(run):
+    from evollm.run.lock import LOCK
+
+    return [p.name for p in run.iterdir() if p.name != LOCK] if run.exists() else []
 
 
 def test_a_second_ctrl_c_still_prints_the_resume_command(tmp_path, monkeypatch, capsys):
