@@ -37,7 +37,7 @@ class GRPOConfig(AgentConfig):
     scale_rewards: str | None = None
     lr: float = 5e-5
     beta: float = 0.0
-    #: None: the loss type's preset range (clip_low/clip_high still win where set)
+    #: None: the loss type's preset offsets (clip_low/clip_high still win where set)
     clip_coef: float | tuple[float, float] | None = None
     #: DAPO dynamic sampling: drop groups whose rewards are all equal and refill the batch from
     #: further prompts (at most ``dynamic_sampling_max_batches`` extra batches per step)
@@ -53,11 +53,10 @@ class GRPOConfig(AgentConfig):
         name, which :meth:`validate` then rejects)."""
         return F.LOSS_PRESETS.get(self.loss_type, F.LOSS_PRESETS["grpo"])
 
-    def _clip_from_coef(self) -> tuple[float, float]:
-        if self.clip_coef is None:
-            p = self.preset()
-            return 1.0 - float(p["clip_low"]), 1.0 + float(p["clip_high"])
-        return super()._clip_from_coef()
+    def default_clip(self) -> tuple[float, float]:
+        """The loss type's preset ``(clip_low, clip_high)``."""
+        p = self.preset()
+        return float(p["clip_low"]), float(p["clip_high"])
 
     def reward_scaling(self) -> str:
         """``scale_rewards``, or the loss type's preset when unset."""
@@ -94,9 +93,6 @@ class GRPOConfig(AgentConfig):
         if self.batch_size < 1 or self.update_epochs < 1:
             raise ValueError(f"batch_size and update_epochs must be >= 1, got {self.batch_size}, "
                              f"{self.update_epochs}")
-        lo, hi = self.clip_bounds()
-        if not 0 <= lo <= 1 <= hi:
-            raise ValueError(f"clip_coef={self.clip_coef!r} must give bounds lo <= 1 <= hi, got ({lo}, {hi})")
 
 
 class ActionResult(NamedTuple):
@@ -431,7 +427,7 @@ def _learn_chunk(agents, batches, rows, stats) -> None:
                 st.setdefault(f"sampler_{k}", []).append(v)
         loss, s = F.policy_loss_with_stats(
             lp, old, b.advantages[r].to(lp.device), m,
-            loss_type=c.loss_type, clip=c.clip_bounds(), ref_logp=b.ref[r] if b.ref is not None else None,
+            loss_type=c.loss_type, clip_low=c.clip_range()[0], clip_high=c.clip_range()[1], ref_logp=b.ref[r] if b.ref is not None else None,
             beta=c.beta, max_completion_length=c.max_output_tokens, is_weights=weights)
         total = total + zero.track(a.optimizer, loss)  # under DeepSpeed ZeRO: through the member's engine
         st["loss"].append(float(loss.detach()))
