@@ -128,6 +128,9 @@ class EpisodeAgent(LLMAgent):
         """Fitness, appended to ``self.fitness``: on a ReasoningGym the mean reward on its fixed test set;
         on a :class:`~evollm.envs.multiturn.TokenObservationWrapper` the mean greedy return over ``loop``
         episodes seeded ``0..loop-1``."""
+        from .compat import agilerl_style_test, is_evollm_env
+        if not is_evollm_env(env):
+            return agilerl_style_test(self, env, loop)
         if hasattr(env, "test_prompts"):
             return evaluate_population([self], env)[0]
         returns = []

@@ -33,6 +33,7 @@ from evollm.parallel import zero
 from evollm.parallel.distributed import all_reduce_gradients
 from ..rollout import first_target, loss_forward, position_ids_from_mask
 from .base import AgentConfig
+from .compat import with_turn_ids
 from .multiturn_rollout import (EpisodeAgent, EpisodeBatch, episode_batch, last_token_of_turn, pack_actions,
                                 unpack_actions)
 
@@ -188,10 +189,11 @@ class LLMPPO(EpisodeAgent):
         return {"advantages": token_adv, "returns": returns, "values": values}
 
     # ------------------------------------------------------------------ learning
-    def learn(self, experiences) -> dict[str, float]:
+    def learn(self, experiences, turn_ids=None) -> dict[str, float]:
         """One PPO update from ``(ids, action_masks, turn_ids, rewards[B, K])`` (multi-turn episodes, see
         :func:`~evollm.rollout.stack_episodes`) or ``(completion_ids, action_masks,
         rewards)`` (single turn, as from :meth:`get_action`). Returns mean metrics."""
+        experiences = with_turn_ids(experiences, turn_ids)  # AgileRL's learn((ids, masks, rewards), turn_ids=)
         c = self.config
         batch = episode_batch(experiences, self.pad_token_id)
         dev = self.device
