@@ -24,7 +24,7 @@ from evollm.parallel import zero
 from evollm.parallel.distributed import all_reduce_gradients
 from ..rollout import SamplingConfig, collate_prompts, eos_ids, forward_logprobs
 from ..rollout.sampling import check_extra
-from .compat import AgileRLMethods, translate
+from .compat import AgileRLMethods, note_once, translate
 from .clip import CLIP_NAMES, check_clip, clip_range, get_clip, set_clip
 
 _NO_ZERO = ("does not support DeepSpeed ZeRO: its optimizer is not built with evollm.parallel.zero.wrap; launch it without "
@@ -346,8 +346,12 @@ class LLMAgent(AgileRLMethods):
         self.released = True
 
     # ------------------------------------------------------------------ checkpoints
-    def save_checkpoint(self, path) -> None:
-        """Adapter(s) in PEFT's format + optimizer state (safetensors) + hyperparameters (JSON)."""
+    def save_checkpoint(self, path, lora_only: bool = True, save_optimizer: bool = True) -> None:
+        """Adapter(s) in PEFT's format + optimizer state (safetensors) + hyperparameters (JSON).
+        AgileRL's ``lora_only``/``save_optimizer`` are accepted: the shared base is never saved with a
+        member, and the optimizer state always is."""
+        if not lora_only:
+            note_once("lora_only", "a member checkpoint holds its adapters only; the shared base is not copied")
         from evollm.algorithms.checkpoint import save_agent
         save_agent(self, path)
 
