@@ -333,3 +333,21 @@ def with_turn_ids(experiences, turn_ids):
     ids, masks, rewards = experiences
     rewards = torch.as_tensor(rewards, dtype=torch.float32)
     return ids, masks, turn_ids, rewards.unsqueeze(-1) if rewards.dim() == 1 else rewards
+
+
+class AgileRLMetrics(dict):
+    """A learn result that also answers AgileRL's metric names (``metrics["pg_loss"]``, ``"clipfrac" in
+    metrics``) without holding them twice: iteration, logs and reports see evollm's names only."""
+
+    ALIASES = {"pg_loss": "policy_loss", "vf_loss": "value_loss", "clipfrac": "clip_fraction"}
+
+    def __missing__(self, key):
+        if key in self.ALIASES and dict.__contains__(self, self.ALIASES[key]):
+            return self[self.ALIASES[key]]
+        raise KeyError(key)
+
+    def __contains__(self, key) -> bool:
+        return dict.__contains__(self, key) or (key in self.ALIASES and dict.__contains__(self, self.ALIASES[key]))
+
+    def get(self, key, default=None):
+        return self[key] if key in self else default

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple, Sequence
 
+import numpy as np
 import torch
 
 from .. import functional as F
@@ -198,7 +199,7 @@ class GRPO(LLMAgent):
         API compatibility) never changes the result and one pass is run. An env written for AgileRL
         (see :func:`evollm.algorithms.compat.agilerl_style_test`) is played ``loop`` times."""
         if is_evollm_env(env) and hasattr(env, "test_prompts"):
-            return evaluate_population([self], env)[0]
+            return np.float64(evaluate_population([self], env)[0])  # a float with AgileRL's .shape == ()
         if is_evollm_env(env):
             from .multiturn_rollout import EpisodeAgent
             return EpisodeAgent.test(self, env, loop)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from ..rollout import (attention_from_sequences, collect_episodes, evaluate_population, position_ids_from_mask,
@@ -132,13 +133,13 @@ class EpisodeAgent(LLMAgent):
         if not is_evollm_env(env):
             return agilerl_style_test(self, env, loop)
         if hasattr(env, "test_prompts"):
-            return evaluate_population([self], env)[0]
+            return np.float64(evaluate_population([self], env)[0])  # a float with AgileRL's .shape == ()
         returns = []
         for seed in range(loop):
             returns += [e.episode_return for e in collect_episodes([self], [env], [seed], training=False)[self.index]]
         fitness = sum(returns) / len(returns)
         self.fitness.append(fitness)
-        return fitness
+        return np.float64(fitness)
 
     def _forward_logits(self, model, ids: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         """``[B, L-1, V]`` next-token logits at the sampling temperature (with gradients)."""

@@ -33,7 +33,7 @@ from evollm.parallel import zero
 from evollm.parallel.distributed import all_reduce_gradients
 from ..rollout import first_target, loss_forward, position_ids_from_mask
 from .base import AgentConfig
-from .compat import with_turn_ids
+from .compat import AgileRLMetrics, with_turn_ids
 from .multiturn_rollout import (EpisodeAgent, EpisodeBatch, episode_batch, last_token_of_turn, pack_actions,
                                 unpack_actions)
 
@@ -250,7 +250,7 @@ class LLMPPO(EpisodeAgent):
                        explained_variance=_explained_variance(old_values, returns, vmask),
                        mean_turns=float(batch.turn_mask().sum(1).float().mean()),
                        completion_length=float(mask.sum(1).float().mean()))
-        return metrics
+        return AgileRLMetrics(metrics)
 
     def clip_and_step_groups(self) -> tuple[float, float]:
         """Clip the actor's and the critic's gradients to ``max_grad_norm`` each, then one optimizer
