@@ -135,6 +135,10 @@ def build_config(config_cls, config, overrides: dict) -> Any:
     return cfg
 
 
+class MutationHookError(ValueError):
+    """A user's mutation hook raised (the message names the hook and the member)."""
+
+
 class LLMAgent(AgileRLMethods):
     """Base class of every algorithm. Not used directly. AgileRL's constructor keywords and methods
     are accepted too (see :mod:`evollm.algorithms.compat`)."""
@@ -305,7 +309,12 @@ class LLMAgent(AgileRLMethods):
 
     def run_mutation_hooks(self) -> None:
         for hook in self.mutation_hooks:
-            hook(self)
+            try:
+                hook(self)
+            except Exception as e:  # noqa: BLE001 - re-raised naming the hook and the member
+                name = getattr(hook, "__qualname__", None) or type(hook).__name__
+                raise MutationHookError(f"mutation hook {name} raised {type(e).__name__}: {e} on member "
+                                        f"{self.index}") from e
 
     def clone(self, index: int | None = None, wrap: bool = True) -> "LLMAgent":
         """A new member on the same base: in-memory copies of the adapters, extra modules and

@@ -270,14 +270,15 @@ def _prepare(agent: GRPO, experiences) -> _Prepared:
 
 
 def _joint_logprobs(agents, seqs, attn, rows_each: int, grad: bool, reference: bool = False,
-                    start: int | None = None) -> torch.Tensor:
+                    start: int | None = None, info: dict | None = None) -> torch.Tensor:
     """Log-probs of concatenated row blocks, block ``i`` under ``agents[i]`` (or the reference); the
     output head runs only from ``start`` on (the first completion position: the loss reads no column
-    before it)."""
+    before it), and each group's prompt is computed once where the model takes it (``info["shared_prompt"]``
+    says whether it did; see :func:`evollm.rollout.forward_logprobs`)."""
     a0, c = agents[0], agents[0].config
     return member_logprobs(a0.shared, [a.adapter_name("actor") for a in agents], seqs, attn, rows_each, grad,
                            reference, [a.config.temperature for a in agents], c.logprob_chunk_rows, c.logits_budget_mb,
-                           c.disable_dropout, start=start)
+                           c.disable_dropout, start=start, info=info)
 
 
 def activation_bytes_per_token(model, logits: bool = True) -> float:
@@ -402,7 +403,8 @@ def grpo_update(agents: Sequence[GRPO], experiences: Sequence) -> list[dict[str,
             for b, ref in zip(with_ref, refs.split(rows_total)):
                 b.ref = ref
     params = [a.shared.parameters(a.adapter_name("actor")) for a in agents]
-    stats = [{"loss": [], "kl": [], "clip_fraction": [], "entropy": [], "grad_norm": []} for _ in agents]
+    stats = [{"loss": [], "kl": [], "clip_fraction": [], "entropy": [], "grad_norm": [], "shared_prompt": []}
+             for _ in agents]
     gens = [torch.Generator().manual_seed(a.config.seed + a.steps) for a in agents]
     for _ in range(c0.update_epochs):
         orders = [torch.randperm(rows_total, generator=g) for g in gens]
@@ -432,9 +434,10 @@ def grpo_update(agents: Sequence[GRPO], experiences: Sequence) -> list[dict[str,
 def _learn_chunk(agents, batches, rows, stats) -> None:
     """One fused forward + backward over a group of members' minibatch rows (gradients accumulate;
     each member's loss reaches only its own adapter)."""
+    info: dict = {}
     logp = _joint_logprobs(agents, torch.cat([b.seqs[r] for b, r in zip(batches, rows)]),
                            torch.cat([b.attn[r] for b, r in zip(batches, rows)]), len(rows[0]), True,
-                           start=min(first_target(b.mask[r]) for b, r in zip(batches, rows)))
+                           start=min(first_target(b.mask[r]) for b, r in zip(batches, rows)), info=info)
     total = 0.0
     for a, b, r, lp, st in zip(agents, batches, rows, logp.split(len(rows[0])), stats):
         c, m = a.config, b.mask[r].to(lp.device)
@@ -454,6 +457,7 @@ def _learn_chunk(agents, batches, rows, stats) -> None:
         st["kl"].append(s["kl"])
         st["clip_fraction"].append(s["clip_fraction"])
         st["entropy"].append(float(F.masked_mean(-lp.detach(), m)))
+        st["shared_prompt"].append(info["shared_prompt"])  # 1: the group's prompt ran once (0: plain forward)
     total.backward()
 
 
