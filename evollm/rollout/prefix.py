@@ -29,6 +29,8 @@ from typing import NamedTuple
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
+from ..adapters.shared import checkpointing
+
 #: Model types whose decoder was checked to give the same log-probs and gradients through a shared prefix
 #: (tests/rollout/test_shared_prompt.py): every layer plain causal attention over a positional cache.
 SHARED_PROMPT_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
@@ -130,6 +132,8 @@ def reentrant_checkpointing(model) -> bool:
     """Whether a layer of ``model`` recomputes in backward through reentrant checkpointing, which computes
     gradients only for the layer's inputs: the shared prefix's keys and values would get none (such a gradient
     forward falls back to the plain one; evollm enables checkpointing non-reentrant)."""
+    if not checkpointing(_inner(model)):
+        return False
     for m in _inner(model).modules():
         if getattr(m, "gradient_checkpointing", False) is True and m.training:
             keywords = getattr(getattr(m, "_gradient_checkpointing_func", None), "keywords", None) or {}
