@@ -176,7 +176,7 @@ def driver(args) -> int:
     noise = stats.mean_se([c["se"] for r in runs for c in r["checkpoints"][-1:]])[0]
     title = (f"{Path(args.config).stem}: {args.budget_cpu_s:g} CPU-s per seed, {len(seeds)} seeds "
              f"(band: ± se over seeds; report set {runs[0]['report_size']}, one evaluation's se ≈ {noise:.3f})")
-    md = stats.table(summary, args.checkpoints) + "\n\n<details><summary>Every run</summary>\n\n" \
+    md = stats.table(summary, args.checkpoints) + "\n\n" + stats.verdict(summary) + "\n\n<details><summary>Every run</summary>\n\n" \
         + stats.per_run_table(runs) + "\n\n</details>\n"
     print("\n" + md)
     out = Path(args.out)

@@ -112,6 +112,27 @@ def table(summary: dict, checkpoints: int) -> str:
     return "\n".join(lines)
 
 
+def verdict(summary: dict) -> str:
+    """The two questions, answered from the paired means (competitors only: the grid is context)."""
+    arms = summary["arms"]
+    if "evollm" not in arms:
+        return "no evollm runs"
+    behind = [a for a, r in arms.items() if a not in ("evollm", "grid_best") and "evollm_minus_arm" in r
+              and not r["evollm_minus_arm"][0] >= 0]
+    lines = ["- evollm's final score >= every other arm's (paired mean difference >= 0): "
+             + ("**yes**" if not behind else "**no**, behind " + ", ".join(
+                 f"{NAMES[a]} ({fmt_diff(*arms[a]['evollm_minus_arm'])})" for a in behind))]
+    half = arms["evollm"].get("half_minus_default_final")
+    if half is not None and not math.isnan(half[0]):
+        lines.append("- evollm reaches the default run's final score in at most half the default's compute "
+                     f"(score at 1/2 budget − default's final, paired: {fmt_diff(*half)}): "
+                     + ("**yes**" if half[0] >= 0 else "**no**"))
+    if "grid_best" in arms and "evollm_minus_arm" in arms["grid_best"]:
+        lines.append(f"- context: evollm − the best grid point ({summary['grid_choice'].split(':', 1)[1]}): "
+                     f"{fmt_diff(*arms['grid_best']['evollm_minus_arm'])}")
+    return "\n".join(lines)
+
+
 def per_run_table(runs: list[dict]) -> str:
     lines = ["| arm | seed | final held-out score ± se (report set) | CPU s | wall s | steps | trials "
              "| report evaluations | best hyperparameters at the end |", "|---|---|---|---|---|---|---|---|---|"]
