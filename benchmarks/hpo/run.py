@@ -44,7 +44,7 @@ def worker(args) -> int:
     cfg = RunConfig.from_yaml(args.config, args.set)
     t0, c0 = time.perf_counter(), time.process_time()
     task = load_task(cfg, args.report_size)
-    setup = {"cpu_s": time.process_time() - c0, "wall_s": time.perf_counter() - t0}
+    setup = {"cpu_s": time.process_time() - c0, "wall_s": time.perf_counter() - t0, "git": _git_head()}
     for job in args.job:
         arm, rest = job.split("@", 1)
         seed, path = rest.split("=", 1)
@@ -81,7 +81,7 @@ def run_one(task, cfg, arm: str, seed: int, path: Path, setup: dict, args) -> No
             "validation_size": task.validation_size, "steps": rec.checkpoints[-1]["step"] if rec.checkpoints else 0,
             **out}
     part["recommended_hyperparameters"] = _recommended(part, last_eval)
-    part["git"] = _git_head()
+    part["git"] = setup["git"]  # the checkout this worker loaded
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(part, indent=1, default=float))
     tmp.replace(path)
