@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from .reward_call import (RewardFunctionError, call_batched, call_per_sample, check_signature,
-                          extra_columns_wanted, is_batched)
+                          extra_columns_wanted, is_batched, with_timeout)
 
 __all__ = ["ReasoningGym", "RewardFunctionError", "conversation_template", "prompt_messages", "render_prompt"]
 
@@ -143,7 +143,8 @@ class ReasoningGym:
     def __init__(self, train_dataset, test_dataset, tokenizer, reward_fn: Callable[..., float],
                  conversation_template: Sequence[dict] | None = None, data_batch_size_per_gpu: int = 8,
                  max_context_length: int | None = None, seed: int = 42, eval_batch_size: int = 64,
-                 long_prompts: str = "filter", chat_template_kwargs: dict | None = None):
+                 long_prompts: str = "filter", chat_template_kwargs: dict | None = None,
+                 reward_timeout: float | None = None):
         if data_batch_size_per_gpu < 1:
             raise ValueError(f"data_batch_size_per_gpu must be >= 1, got {data_batch_size_per_gpu}")
         if long_prompts not in ("filter", "raise"):
@@ -152,7 +153,7 @@ class ReasoningGym:
         if not callable(reward_fn):
             raise ValueError(f"reward_fn must be a function, got {type(reward_fn).__name__}")
         check_signature(reward_fn)
-        self.reward_fn = reward_fn
+        self.reward_fn = with_timeout(reward_fn, reward_timeout)
         self.batched_reward = is_batched(reward_fn)
         self._reward_extra = extra_columns_wanted(reward_fn)
         self.template = None if conversation_template is None else list(conversation_template)

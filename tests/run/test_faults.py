@@ -381,3 +381,16 @@ def test_a_full_disk_stops_with_one_line_and_keeps_the_last_checkpoint(tmp_path,
     assert steps(out) == [1, 2] and not list((out / "checkpoints").glob(".tmp-*"))
     verify(out / "checkpoints" / "step_2", "population")
     assert cli(capsys, "resume", out, "--set", "train.max_steps=3")[0] == 0  # with room again it goes on
+
+
+def test_a_reward_that_hangs_stops_the_run_after_reward_timeout(tmp_path, capsys, monkeypatch):
+    cfg, out = config(tmp_path, steps=3, reward="hangs:score")
+    cfg.write_text(cfg.read_text().replace("reward: hangs:score", "reward: hangs:score, reward_timeout: 0.5"))
+    (tmp_path / "hangs.py").write_text(f"import os, time\n\ndef score(completion, answer, question):\n"
+                                       f"    if os.path.isdir({str(out / 'checkpoints' / 'step_1')!r}):\n"
+                                       "        time.sleep(3600)\n    return 0.0\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    code, io = cli(capsys, "train", cfg)
+    line = one_line(io.err)
+    assert code == 2 and "raised TimeoutError: no result within reward_timeout=0.5 s on sample" in line
+    assert f"last checkpoint {out / 'checkpoints' / 'step_1'}" in line and steps(out) == [1]
