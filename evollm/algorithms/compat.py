@@ -305,6 +305,19 @@ class AgileRLMethods:
         """AgileRL's name of the upper clip offset (``clip_high``)."""
         return self.get_hyperparameter("clip_high")
 
+    @property
+    def mut(self):
+        """AgileRL's record of the last mutation: the mutated hyperparameter's name, ``"None"`` when the
+        last mutation left the member unchanged, ``None`` before any (evollm's: ``last_mutation``)."""
+        if "mut" in self.__dict__:
+            return self.__dict__["mut"]
+        record = self.__dict__.get("last_mutation")
+        return None if record is None else ("None" if record.kind == "none" else record.name)
+
+    @mut.setter
+    def mut(self, value) -> None:
+        self.__dict__["mut"] = value
+
     def clean_up(self) -> None:
         """AgileRL's name of :meth:`release`."""
         self.release()
