@@ -364,3 +364,30 @@ class AgileRLMetrics(dict):
 
     def get(self, key, default=None):
         return self[key] if key in self else default
+
+
+class VLLMConfig(dict):
+    """AgileRL's vLLM settings (``VLLMConfig(sleep_mode=..., max_num_seqs=..., gpu_memory_utilization=...)``),
+    accepted as ``vllm_config=`` beside ``use_vllm=True``. The fields evollm's engine knows reach it
+    (:class:`evollm.rollout.vllm_engine.VLLMSettings`); the rest are AgileRL's own."""
+
+    def __init__(self, **fields):
+        super().__init__(**fields)
+
+    def __getattr__(self, name):
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+
+def wants_vllm(pop) -> bool:
+    """AgileRL's ``use_vllm=True`` on a member: the vLLM rollout backend where vLLM is installed (a
+    one-time note and Hugging Face generation where it is not)."""
+    import importlib.util
+    if not any(getattr(a, "__dict__", {}).get("use_vllm") for a in pop):
+        return False
+    if importlib.util.find_spec("vllm") is None:
+        note_once("use_vllm", "vLLM is not installed here; members generate with Hugging Face generate")
+        return False
+    return True

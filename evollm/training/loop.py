@@ -26,6 +26,7 @@ from .dynamic_sampling import refill
 from .callbacks import Callback, LoopState, call
 from .quarantine import (DivergenceLimits, check_members, evaluate_healthy, is_quarantined, replace_quarantined,
                          stop_if_none_healthy)
+from ..algorithms.compat import wants_vllm
 from .compat import agilerl_extras, pick_env, pick_selection, resolve_max_steps
 from .data_parallel import evaluate_data_parallel, seed_sampling
 
@@ -287,6 +288,8 @@ def finetune_llm_reasoning(pop: Sequence, env=None, max_steps: int | None = None
         or max_reward is not None
     tournament = pick_selection(tournament, selection_strategy)
     env = pick_env(env, env_fn)
+    if rollout_backend == "hf" and wants_vllm(pop):  # AgileRL's use_vllm=True on the members
+        rollout_backend = "vllm"
     max_steps = resolve_max_steps(max_steps, num_epochs, max_steps_unit, env.batch_size, len(pop), len(env),
                                   agilerl_style)
     use_rollout_backend(pop, rollout_backend, vllm)
