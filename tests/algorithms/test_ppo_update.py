@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from evollm.algorithms.ppo import LLMPPO
-from evollm.algorithms.ppo_fused import learn_grouped
+from evollm.algorithms.ppo_update import learn_grouped
 from test_ppo_reinforce import episodes, make_agent
 
 SETTINGS = dict(update_epochs=2, batch_size=2, beta=0.1, ent_coef=0.01, temperature=0.8, lr_actor=1e-2,
@@ -45,6 +45,7 @@ def single_turn():
 @pytest.mark.parametrize("data, extra", [(episodes, {}), (episodes, dict(action_granularity="token")),
                                          (single_turn, dict(turn_value_reduce="mean"))])
 def test_single_member_and_fused_paths_agree(data, extra):
+    torch.manual_seed(0)
     alone = make_agent(**SETTINGS, **extra)
     fused = alone.clone()
     for step in range(2):  # the second step starts from moved weights and Adam state
@@ -54,6 +55,7 @@ def test_single_member_and_fused_paths_agree(data, extra):
 
 
 def test_members_fused_together_learn_as_each_alone():
+    torch.manual_seed(0)  # the LoRA init
     a = make_agent(**SETTINGS)
     b = a.clone()
     b.set_hyperparameter("clip_coef", 0.05)
@@ -61,8 +63,8 @@ def test_members_fused_together_learn_as_each_alone():
     a2, b2 = a.clone(), b.clone()
     together = learn_grouped([a, b], [episodes(), episodes()])
     alone = [a2.learn(episodes()), b2.learn(episodes())]
-    # a routed batch sums in another order: Adam turns ~1e-9 gradient differences into ~1e-5 weight ones
-    # (steps are ~lr = 1e-2)
-    assert_same_update(together[0], alone[0], a, a2, atol=5e-5)
-    assert_same_update(together[1], alone[1], b, b2, atol=5e-5)
+    # a routed batch sums in another order: Adam turns ~1e-9 gradient differences into up to ~1e-4 weight ones
+    # (depending on the LoRA init); a wrong update would differ by steps of ~lr = 1e-2
+    assert_same_update(together[0], alone[0], a, a2, atol=2e-4)
+    assert_same_update(together[1], alone[1], b, b2, atol=2e-4)
     assert isinstance(a, LLMPPO)
