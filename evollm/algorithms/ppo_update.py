@@ -30,7 +30,7 @@ from .. import functional as F
 from evollm.parallel import zero
 from ..adapters.routing import ROUTED, batch_path, routed
 from ..adapters.shared import checkpointing
-from ..rollout import position_ids_from_mask
+from ..rollout import first_target, member_logprobs, position_ids_from_mask
 from ..rollout.logprobs import loss_forward
 from .multiturn_rollout import EpisodeBatch, episode_batch
 from .updates import mean_metrics, record, run_epochs
@@ -199,32 +199,40 @@ def ppo_update(agents: Sequence, experiences: Sequence) -> list[dict[str, float]
 
 
 def _fixed_quantities(members: list[_Member], actors, critics, separate: bool, needs_old: bool) -> None:
-    """Old log-probs, values and reference log-probs, a minibatch of rows per member at a time; then each
-    member's returns and advantages (GAE, bootstrapping episodes cut short from the critic's value)."""
+    """Old log-probs, values and reference log-probs, a minibatch of rows per member at a time (log-probs
+    through :func:`evollm.rollout.member_logprobs`: the output head only from the first action token on);
+    then each member's returns and advantages (GAE, bootstrapping episodes cut short from the critic)."""
     agents = [m.agent for m in members]
-    n, bs = members[0].batch.input_ids.shape[0], agents[0].config.batch_size
+    c0 = agents[0].config
+    n, bs = members[0].batch.input_ids.shape[0], c0.batch_size
+    temps = [a.config.temperature for a in agents]
     with_ref = any(a.config.beta > 0 for a in agents)
     parts: dict[str, list] = {"logp": [], "values": [], "ref": []}
     for start in range(0, n, bs):
         ids = torch.cat([m.batch.input_ids[start:start + bs] for m in members])
         attn = torch.cat([m.batch.attention_mask[start:start + bs] for m in members])
+        first = first_target(torch.cat([m.batch.action_mask[start:start + bs] for m in members]))
         k = ids.shape[0] // len(agents)
-        block = lambda t, i: t[i * k:(i + 1) * k]  # noqa: E731 - member i's rows
-        with member_forward(agents, actors, False) as forward:
-            logits, hidden = forward(ids, attn, not separate)
+
+        def logprobs(reference: bool) -> list[torch.Tensor]:
+            return list(member_logprobs(agents[0].shared, actors, ids, attn, k, False, reference, temps,
+                                        c0.logprob_chunk_rows, c0.logits_budget_mb, start=first).split(k))
         if separate:
             with member_forward(agents, critics, False) as forward:
                 hidden = forward(ids, attn, True)[1]
-        parts["values"].append([head_values(a, block(hidden, i)) for i, a in enumerate(agents)])
-        if needs_old:
-            parts["logp"].append([F.token_logprobs(_scaled(a, block(logits, i)), block(ids, i)[:, 1:])
-                                  for i, a in enumerate(agents)])
+            if needs_old:
+                parts["logp"].append(logprobs(reference=False))
+        else:  # the value head reads the actor: one forward gives both
+            with member_forward(agents, actors, False) as forward:
+                logits, hidden = forward(ids, attn, True)
+            if needs_old:
+                parts["logp"].append([F.token_logprobs(_scaled(a, logits[i * k:(i + 1) * k]),
+                                                       ids[i * k:(i + 1) * k, 1:]) for i, a in enumerate(agents)])
+            del logits
+        parts["values"].append([head_values(a, hidden[i * k:(i + 1) * k]) for i, a in enumerate(agents)])
+        del hidden
         if with_ref:
-            with member_forward(agents, None, False) as forward:
-                ref = forward(ids, attn, False)[0]
-            parts["ref"].append([F.token_logprobs(_scaled(a, block(ref, i)), block(ids, i)[:, 1:])
-                                 for i, a in enumerate(agents)])
-        del logits, hidden
+            parts["ref"].append(logprobs(reference=True))
     for i, m in enumerate(members):
         values = torch.cat([p[i] for p in parts["values"]])
         m.old_values, m.vmask = m.agent._state_values(values[:, :-1], m.batch, m.token_level)
