@@ -9,7 +9,8 @@ matmul, so eight members cost about what one does.
 Rows are given as contiguous blocks, one block per adapter (``counts``). A forward pass
 may carry a whole multiple ``k`` of ``sum(counts)`` rows (e.g. ``k`` samples per prompt
 after ``repeat_interleave``): block ``i`` then has ``k * counts[i]`` rows. When all
-blocks have the same size the batch is simply reshaped to ``[N, rows*T, d]``;
+blocks have the same size the batch is simply reshaped to ``[N, rows*T, d]`` (so any ``N``
+equal blocks pass, e.g. one row per distinct prompt of each member in a shared-prompt forward);
 otherwise each row gathers its member's matrices.
 
 While routing is active the adapters are disabled in PEFT (so PEFT computes the
@@ -147,14 +148,17 @@ class _Router:
                 self.stacks = {id(m): _stack_layer(m, self.names) for m in self.layers}
 
     def delta(self, layer, x: torch.Tensor) -> torch.Tensor:
-        stack = self.stacks.get(id(layer)) if not self.differentiable else _stack_layer(layer, self.names)
-        rows = x.shape[0]
-        if rows % self.total:
-            raise RuntimeError(f"routed batch has {rows} rows; the routing plan covers multiples of {self.total}")
+        stack = self.stacks.get(id(layer))
+        if stack is None:  # differentiable: stacked on first use in this context, so each forward pass of it (a
+            # shared prompt's and its completions') reads one stack and the backward reaches every member's tensors
+            stack = self.stacks[id(layer)] = _stack_layer(layer, self.names)
+        rows, n = x.shape[0], len(self.names)
+        if rows % (n if self.uniform else self.total):  # equal blocks: any n equal blocks of rows
+            raise RuntimeError(f"routed batch has {rows} rows; the routing plan covers multiples of "
+                               f"{n if self.uniform else self.total}")
         x = x.to(stack.A.dtype)
         shape = x.shape
         if self.uniform:
-            n = len(self.names)
             xs = x.reshape(n, -1, shape[-1])  # [N, rows_per*T, in]
             out = torch.bmm(torch.bmm(xs, stack.A), stack.B)
         else:
@@ -181,7 +185,9 @@ def routed(shared: SharedBase, names: Sequence[str], counts: Sequence[int], diff
     pass of ``shared.model`` use adapter ``names[i]``.
 
     ``differentiable=False`` (generation, evaluation) stacks the matrices once on entry;
-    ``True`` restacks on every forward so gradients reach each member's own adapter.
+    ``True`` stacks them (with gradients to each member's own adapter) on first use within the context:
+    one context serves the forward passes of ONE backward (an optimizer step inside it would leave the
+    stacks stale).
     """
     if batch_path(shared, names) != ROUTED:
         raise ValueError(f"adapters {[n for n in names if check_lora_config(shared.config(n)) != ROUTED]} cannot "

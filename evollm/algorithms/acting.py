@@ -26,8 +26,8 @@ class Acting:
     subclasses)."""
 
     @classmethod
-    def population(cls, size: int, actor_network: torch.nn.Module, hp_config=None, init_hyperparameters=None,
-                   init_sampler: str | None = "qmc", **kwargs) -> list:
+    def population(cls, size: int, actor_network: torch.nn.Module | None = None, hp_config=None,
+                   init_hyperparameters=None, init_sampler: str | None = "qmc", **kwargs) -> list:
         """``size`` members on ONE shared base.
 
         With an ``hp_config`` the founders' hyperparameters are drawn from it with ``init_sampler``
@@ -36,6 +36,10 @@ class Acting:
         (e.g. ``lr=1e-3``) is kept for every founder. ``init_hyperparameters``: an explicit list of
         per-member dicts instead (e.g. from :func:`evollm.hpo.initial_population_hyperparameters`)."""
         from ..hpo.founders import founder_hyperparameters
+        from .base import _resolve_actor
+        if actor_network is None:  # AgileRL's model_name=: load the base once, share it
+            actor_network, tok = _resolve_actor(None, kwargs.pop("model_name", None), kwargs.get("tokenizer"))
+            kwargs.setdefault("tokenizer", tok)
         if size < 1:
             raise ValueError(f"population size must be >= 1, got {size}")
         init = founder_hyperparameters(size, hp_config, init_hyperparameters, init_sampler,

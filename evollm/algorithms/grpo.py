@@ -10,12 +10,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
+import numpy as np
 import torch
 
 from .. import functional as F
 from evollm.parallel import zero
-from .acting import Acting
+from .acting import Acting, ActionResult  # noqa: F401 - ActionResult: what get_action returns
 from .base import AgentConfig, LLMAgent
+from .compat import agilerl_style_test, is_evollm_env
 from .memory_plan import learn_path, member_chunks
 from .updates import mean_metrics, record, run_epochs
 from ..rollout import attention_from_sequences, evaluate_population, first_target, member_logprobs, stack_rows
@@ -89,7 +91,7 @@ class GRPOConfig(AgentConfig):
             raise ValueError(f"scale_rewards={self.scale_rewards!r} is not valid; "
                              f"choose one of {list(F.ADVANTAGE_SCALES)}")
         if self.group_size < 2:
-            raise ValueError(f"group_size must be >= 2 for the GRPO family (advantages are relative to the "
+            raise ValueError(f"group_size must be >= 2 for GRPO-style group-relative advantages (relative to the "
                              f"other samples of the same prompt), got {self.group_size}")
         if self.batch_size < 1 or self.update_epochs < 1:
             raise ValueError(f"batch_size and update_epochs must be >= 1, got {self.batch_size}, "
@@ -152,8 +154,14 @@ class GRPO(Acting, LLMAgent):
     def test(self, env, loop: int = 1) -> float:
         """Fitness: mean reward on the env's FIXED test set with greedy decoding (appended to
         ``self.fitness``). Greedy decoding of fixed prompts is deterministic, so ``loop`` (kept for
-        API compatibility) never changes the result and one pass is run."""
-        return evaluate_population([self], env)[0]
+        API compatibility) never changes the result and one pass is run. An env written for AgileRL
+        (see :func:`evollm.algorithms.compat.agilerl_style_test`) is played ``loop`` times."""
+        if is_evollm_env(env) and hasattr(env, "test_prompts"):
+            return np.float64(evaluate_population([self], env)[0])  # a float with AgileRL's .shape == ()
+        if is_evollm_env(env):
+            from .multiturn_rollout import EpisodeAgent
+            return EpisodeAgent.test(self, env, loop)
+        return agilerl_style_test(self, env, loop)
 
 
 class GSPO(GRPO):
@@ -176,7 +184,7 @@ class CISPO(GRPO):
 
 #: the per-minibatch metrics of a GRPO update (``kl``: k3 to the reference; ``approx_kl``: to the sampling
 #: policy; ``entropy``: of the scored distribution, at the sampling temperature)
-METRICS = ("loss", "kl", "approx_kl", "clip_fraction", "entropy", "grad_norm")
+METRICS = ("loss", "kl", "approx_kl", "clip_fraction", "entropy", "grad_norm", "shared_prompt")
 
 
 @dataclass
@@ -196,12 +204,17 @@ def _prepare(agent: GRPO, experiences) -> _Prepared:
     sampler = experiences[3] if len(experiences) > 3 and agent.config.sampler_correction != "none" else None
     seqs = stack_rows(completion_ids, agent.pad_token_id)
     mask = stack_rows(action_masks, 0).to(seqs.device)
-    rewards = torch.as_tensor(rewards, dtype=torch.float32).reshape(-1)
+    rewards = torch.as_tensor(rewards, dtype=torch.float32)
+    if rewards.dim() == 2 and rewards.shape[0] == seqs.shape[0] != rewards.numel():
+        rewards = rewards.sum(-1)  # multi-turn: one reward per turn -> the trajectory's return
+    rewards = rewards.reshape(-1)
     c = agent.config
     if rewards.numel() != seqs.shape[0]:
-        raise ValueError(f"got {rewards.numel()} rewards for {seqs.shape[0]} completions")
+        raise ValueError(f"Rewards must provide one scalar per trajectory: got {rewards.numel()} rewards for "
+                         f"{seqs.shape[0]} completions")
     if rewards.numel() % c.group_size:
-        raise ValueError(f"{rewards.numel()} rewards do not split into groups of group_size={c.group_size}")
+        raise ValueError(f"the batch of {rewards.numel()} completions must be divisible by group_size="
+                         f"{c.group_size}")
     if c.overlong_buffer:
         rewards = rewards + F.overlong_penalty(mask.sum(1).cpu(), c.max_output_tokens, c.overlong_buffer,
                                                c.overlong_penalty)
@@ -211,20 +224,24 @@ def _prepare(agent: GRPO, experiences) -> _Prepared:
         seqs, mask, rewards = seqs[keep.to(seqs.device)], mask[keep.to(mask.device)], rewards[keep]
         if sampler is not None:
             sampler = sampler[keep.to(sampler.device)]
-    return _Prepared(seqs, attention_from_sequences(seqs, agent.pad_token_id), mask,
-                     F.group_advantages(rewards, c.group_size, scale=c.reward_scaling()), rewards,
+    advantages = F.group_advantages(rewards, c.group_size, scale=c.reward_scaling())
+    clip = agent.__dict__.get("adv_clip_range")  # AgileRL's advantage clipping
+    if clip is not None:
+        advantages = advantages.clamp(-clip, clip)
+    return _Prepared(seqs, attention_from_sequences(seqs, agent.pad_token_id), mask, advantages, rewards,
                      sampler=sampler)
 
 
 def _joint_logprobs(agents, seqs, attn, rows_each: int, grad: bool, reference: bool = False,
-                    start: int | None = None, with_entropy: bool = False):
+                    start: int | None = None, with_entropy: bool = False, info: dict | None = None):
     """Log-probs of concatenated row blocks, block ``i`` under ``agents[i]`` (or the reference); the
     output head runs only from ``start`` on (the first completion position: the loss reads no column
-    before it)."""
+    before it), and each group's prompt is computed once where the model takes it (``info["shared_prompt"]``
+    says whether it did; see :func:`evollm.rollout.forward_logprobs`)."""
     a0, c = agents[0], agents[0].config
     return member_logprobs(a0.shared, [a.adapter_name("actor") for a in agents], seqs, attn, rows_each, grad,
                            reference, [a.config.temperature for a in agents], c.logprob_chunk_rows, c.logits_budget_mb,
-                           c.disable_dropout, start=start, with_entropy=with_entropy)
+                           c.disable_dropout, start=start, with_entropy=with_entropy, info=info)
 
 
 def grpo_update(agents: Sequence[GRPO], experiences: Sequence) -> list[dict[str, float]]:
@@ -305,10 +322,11 @@ def grpo_update(agents: Sequence[GRPO], experiences: Sequence) -> list[dict[str,
 def _learn_chunk(agents, batches, rows, stats) -> None:
     """One fused forward + backward over a group of members' minibatch rows (gradients accumulate;
     each member's loss reaches only its own adapter)."""
+    info: dict = {}
     logp, entropy = _joint_logprobs(agents, torch.cat([b.seqs[r] for b, r in zip(batches, rows)]),
                                     torch.cat([b.attn[r] for b, r in zip(batches, rows)]), len(rows[0]), True,
                                     start=min(first_target(b.mask[r]) for b, r in zip(batches, rows)),
-                                    with_entropy=True)
+                                    with_entropy=True, info=info)
     total = 0.0
     for a, b, r, lp, ent, st in zip(agents, batches, rows, logp.split(len(rows[0])), entropy.split(len(rows[0])),
                                     stats):
@@ -325,8 +343,9 @@ def _learn_chunk(agents, batches, rows, stats) -> None:
             ref_logp=b.ref[r] if b.ref is not None else None, beta=c.beta, max_completion_length=c.max_output_tokens,
             is_weights=weights)
         total = total + zero.track(a.optimizer, loss)  # under DeepSpeed ZeRO: through the member's engine
+        # shared_prompt 1: the group's prompt ran once (0: plain forward)
         record(st, loss=loss.detach(), kl=s["kl"], approx_kl=s["approx_kl"], clip_fraction=s["clip_fraction"],
-               entropy=F.masked_mean(ent, m))
+               entropy=F.masked_mean(ent, m), shared_prompt=info["shared_prompt"])
     total.backward()
 
 

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
-from ..rollout import (attention_from_sequences, collect_episodes, evaluate_population, position_ids_from_mask,
+from ..rollout import (action_start, attention_from_sequences, collect_episodes, evaluate_population, policy_forward,
                        stack_rows)
 from .acting import Acting
 from .base import LLMAgent
@@ -148,17 +149,22 @@ class EpisodeAgent(Acting, LLMAgent):
         """Fitness, appended to ``self.fitness``: on a ReasoningGym the mean reward on its fixed test set;
         on a :class:`~evollm.envs.multiturn.TokenObservationWrapper` the mean greedy return over ``loop``
         episodes seeded ``0..loop-1``."""
+        from .compat import agilerl_style_test, is_evollm_env
+        if not is_evollm_env(env):
+            return agilerl_style_test(self, env, loop)
         if hasattr(env, "test_prompts"):
-            return evaluate_population([self], env)[0]
+            return np.float64(evaluate_population([self], env)[0])  # a float with AgileRL's .shape == ()
         returns = []
         for seed in range(loop):
             returns += [e.episode_return for e in collect_episodes([self], [env], [seed], training=False)[self.index]]
         fitness = sum(returns) / len(returns)
         self.fitness.append(fitness)
-        return fitness
+        return np.float64(fitness)
 
-    def _forward_logits(self, model, ids: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
-        """``[B, L-1, V]`` next-token logits at the sampling temperature (with gradients)."""
-        logits = model(input_ids=ids, attention_mask=attn, position_ids=position_ids_from_mask(attn),
-                       use_cache=False).logits[:, :-1]
-        return logits / self.config.temperature if self.config.temperature != 1.0 else logits
+    def _policy_forward(self, model, ids: torch.Tensor, attn: torch.Tensor, action_mask: torch.Tensor,
+                        entropy_grad: bool = False, info: dict | None = None):
+        """``(logp, entropy)`` ``[B, L-1]`` at the sampling temperature (with gradients): the output head only
+        from the first action column on, each distinct prompt once (:func:`evollm.rollout.policy_forward`)."""
+        logp, entropy, _ = policy_forward(model, ids, attn, action_start(action_mask), self.config.temperature,
+                                          entropy_grad, info=info)
+        return logp, entropy

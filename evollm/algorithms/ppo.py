@@ -36,9 +36,10 @@ from .. import functional as F
 from evollm.parallel import zero
 from evollm.parallel.distributed import all_reduce_gradients
 from .base import AgentConfig
+from .compat import AgileRLMetrics, with_turn_ids
 from .multiturn_rollout import (EpisodeAgent, EpisodeBatch, episode_batch, last_token_of_turn, pack_actions,
                                 unpack_actions)
-from .ppo_update import head_values, member_forward, ppo_update, value_adapter
+from .ppo_update import common_width, head_values, member_forward, ppo_update, value_adapter
 
 GRANULARITIES = ("turn", "token", "auto")
 TURN_VALUE_REDUCTIONS = ("first", "last", "mean")
@@ -129,18 +130,20 @@ class LLMPPO(EpisodeAgent):
             self._set_group_lr("critic", value)
 
     # ------------------------------------------------------------------ critic
-    def prefix_values(self, ids: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
-        """``[B, L]`` critic values; position ``t`` is the value of the prefix ``ids[:, :t+1]`` (the state
-        from which ``ids[:, t+1]`` is generated). Gradients flow when called with grad enabled."""
+    def critic_values(self, ids: torch.Tensor, attn: torch.Tensor, first: int = 0) -> torch.Tensor:
+        """``[B, L-1]`` critic values; position ``t`` is the value of the prefix ``ids[:, :t+1]`` (the state
+        from which ``ids[:, t+1]`` is generated), computed from column ``first`` on (the columns no action
+        reads are the value of an all-zero state; the prompt runs once per group and the output head not at
+        all, see :func:`evollm.rollout.forward_logits`). Gradients flow when called with grad enabled."""
         with member_forward([self], [value_adapter(self)], torch.is_grad_enabled()) as forward:
-            return head_values(self, forward(ids, attn, True)[1])
+            return head_values(self, forward(ids, attn, True, first, logits=False)[1])
 
     def get_values(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """``[B, L-1]`` critic values of every prefix that predicts a token (see :meth:`prefix_values`).
+        """``[B, L-1]`` critic values of every prefix that predicts a token (see :meth:`critic_values`).
         No gradients."""
         attn = torch.ones_like(input_ids) if attention_mask is None else attention_mask
         with torch.no_grad():
-            return self.prefix_values(input_ids.to(self.device), attn.to(self.device))[:, :-1]
+            return self.critic_values(input_ids.to(self.device), attn.to(self.device))
 
     def _state_values(self, token_values: torch.Tensor, batch: EpisodeBatch, token_level: bool):
         """The values the critic is trained on: per token (token level) or per turn. Returns
@@ -184,23 +187,29 @@ class LLMPPO(EpisodeAgent):
     def advantages(self, experiences) -> dict[str, torch.Tensor]:
         """The quantities :meth:`learn` would train on, for inspection: ``advantages`` ([B, T], per
         token), ``returns`` and ``values`` (per turn ``[B, K]``, or per token at token granularity)."""
-        batch = episode_batch(experiences, self.pad_token_id)
+        given = episode_batch(experiences, self.pad_token_id)
+        batch = common_width([given], self.pad_token_id)[0]  # a column more when an episode was cut short
         token_level = self._token_level(batch)
         with torch.no_grad():
-            prefix = self.prefix_values(batch.input_ids.to(self.device), batch.attention_mask.to(self.device)).cpu()
-        values, vmask = self._state_values(prefix[:, :-1], batch, token_level)
-        boot = F.truncation_bootstrap(prefix, batch.action_mask, batch.truncated)
+            token_values = self.critic_values(batch.input_ids.to(self.device),
+                                              batch.attention_mask.to(self.device)).cpu()
+        values, vmask = self._state_values(token_values, batch, token_level)
+        boot = F.truncation_bootstrap(token_values, batch.action_mask, batch.truncated)
         token_adv, returns, _ = self._advantages(batch, values, vmask, token_level, boot)
-        return {"advantages": token_adv, "returns": returns, "values": values}
+        width = given.action_mask.shape[1]
+        if token_level:
+            returns, values = returns[:, :width], values[:, :width]
+        return {"advantages": token_adv[:, :width], "returns": returns, "values": values}
 
     # ------------------------------------------------------------------ learning
-    def learn(self, experiences) -> dict[str, float]:
+    def learn(self, experiences, turn_ids=None) -> dict[str, float]:
         """One PPO update from ``(ids, action_masks, turn_ids, rewards[B, K])`` (multi-turn episodes, see
         :func:`~evollm.rollout.stack_episodes`; a 5th element ``truncated[B]`` marks episodes cut short, which
         are bootstrapped from the critic) or ``(completion_ids, action_masks, rewards)`` (single turn, as
         from :meth:`get_action`). Returns mean metrics. The update is :func:`~evollm.algorithms.ppo_update.
         ppo_update` with this one member."""
-        return ppo_update([self], [experiences])[0]
+        experiences = with_turn_ids(experiences, turn_ids)  # AgileRL's learn((ids, masks, rewards), turn_ids=)
+        return AgileRLMetrics(ppo_update([self], [experiences])[0])
 
     def clip_and_step_groups(self) -> tuple[float, float]:
         """Clip the actor's and the critic's gradients to ``max_grad_norm`` each, then one optimizer

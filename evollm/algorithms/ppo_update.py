@@ -30,14 +30,14 @@ from .. import functional as F
 from evollm.parallel import zero
 from ..adapters.routing import ROUTED, batch_path, routed
 from ..adapters.shared import checkpointing
-from ..rollout import first_target, member_logprobs, position_ids_from_mask
+from ..rollout import action_start, first_target, forward_logits, member_logprobs
 from ..rollout.logprobs import loss_forward
 from .multiturn_rollout import EpisodeBatch, episode_batch
 from .updates import mean_metrics, record, run_epochs
 
 #: the per-minibatch metrics of an update
 METRICS = ("loss", "policy_loss", "value_loss", "entropy", "kl", "approx_kl", "clip_fraction", "grad_norm_actor",
-           "grad_norm_critic")
+           "grad_norm_critic", "shared_prompt")
 
 
 def value_adapter(agent) -> str:
@@ -59,34 +59,45 @@ def update_key(agent, rows: int) -> tuple:
 
 @contextlib.contextmanager
 def member_forward(agents: Sequence, names: Sequence[str] | None, grad: bool):
-    """Yields ``forward(ids, attn, hidden) -> (logits [N, L-1, V], last hidden [N, L, H] or None)``: block
-    ``i`` of the rows through ``names[i]`` (the reference model when ``names`` is None). The backward of
-    its outputs runs inside this context: one member runs in its loss-forward context the whole time (its
-    ``disable_dropout``; gradient checkpointing recomputes under the same adapter), several through
-    :func:`_forward`."""
+    """Yields ``forward(ids, attn, hidden, first=0, logits=True, info=None) -> (logits, hidden)``: block ``i``
+    of the rows through ``names[i]`` (the reference model when ``names`` is None); ``logits`` ``[N, L-1-first,
+    V]`` of the columns from ``first`` on (None without ``logits``: the output head does not run), ``hidden``
+    the last hidden layer ``[N, L-1, H]`` (zeros before column ``first``) or None. Rows that share a prompt
+    compute it once (``info["shared_prompt"]`` says whether they did; see :func:`evollm.rollout.forward_logits`).
+
+    The backward of the outputs runs inside this context: one member runs in its loss-forward context the
+    whole time (its ``disable_dropout``; gradient checkpointing recomputes under the same adapter), several
+    through :func:`_forward`."""
     if names is not None and len(names) == 1:
         with loss_forward(agents[0].shared, names[0], grad, agents[0].config.disable_dropout) as model:
-            yield lambda ids, attn, hidden: _run(model, ids, attn, grad, hidden)
+            yield lambda ids, attn, hidden, first=0, logits=True, info=None: _run(model, ids, attn, grad, hidden,
+                                                                                 first, logits, info)
         return
-    yield lambda ids, attn, hidden: _forward(agents, names, ids, attn, grad, hidden)
+    yield lambda ids, attn, hidden, first=0, logits=True, info=None: _forward(agents, names, ids, attn, grad, hidden,
+                                                                             first, logits, info)
 
 
-def _forward(agents: Sequence, names: Sequence[str] | None, ids, attn, grad: bool, hidden: bool):
+def _forward(agents: Sequence, names: Sequence[str] | None, ids, attn, grad: bool, hidden: bool, first: int = 0,
+             logits: bool = True, info: dict | None = None):
     """One forward of several members (or the reference): ONE routed forward with dropout off, or, when their
     adapters cannot be routed exactly (e.g. DoRA), one by one through PEFT's own forward (no checkpointing:
-    the backward runs after the last member is selected)."""
+    the backward runs after the last member is selected). Outputs as :func:`member_forward`'s."""
     shared = agents[0].shared
-    if names is not None and batch_path(shared, names) != ROUTED:
+    if names is not None and len(names) > 1 and batch_path(shared, names) != ROUTED:
         k = ids.shape[0] // len(names)
-        parts = []
+        parts, infos = [], [{} for _ in names]
         for i, name in enumerate(names):
             with loss_forward(shared, name, grad, suppress_checkpointing=True) as model:
-                parts.append(_run(model, ids[i * k:(i + 1) * k], attn[i * k:(i + 1) * k], grad, hidden))
+                parts.append(_run(model, ids[i * k:(i + 1) * k], attn[i * k:(i + 1) * k], grad, hidden, first, logits,
+                                  infos[i]))
         if grad:  # selecting the next member froze the previous one's tensors in PEFT; the backward needs them
             for name in names:
                 for p in shared.parameters(name):
                     p.requires_grad_(True)
-        return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]) if hidden else None
+        if info is not None:
+            info["shared_prompt"] = min(i["shared_prompt"] for i in infos)
+        return (torch.cat([p[0] for p in parts]) if logits else None,
+                torch.cat([p[1] for p in parts]) if hidden else None)
     if names is None:
         ctx = shared.reference()
     elif len(names) == 1:
@@ -96,14 +107,15 @@ def _forward(agents: Sequence, names: Sequence[str] | None, ids, attn, grad: boo
     with ctx as model:
         if names is not None and len(names) > 1:
             model.eval()  # dropout off; routing never applies LoRA dropout
-        return _run(model, ids, attn, grad, hidden)
+        return _run(model, ids, attn, grad, hidden, first, logits, info, len(names) if names else 1)
 
 
-def _run(model, ids, attn, grad: bool, hidden: bool):
+def _run(model, ids, attn, grad: bool, hidden: bool, first: int, logits: bool, info: dict | None, blocks: int = 1):
     with torch.set_grad_enabled(grad):
-        out = model(input_ids=ids, attention_mask=attn, position_ids=position_ids_from_mask(attn), use_cache=False,
-                    output_hidden_states=hidden)
-    return out.logits[:, :-1], (out.hidden_states[-1] if hidden else None)
+        out, states, used = forward_logits(model, ids, attn, first, hidden, blocks, head=logits)
+    if info is not None:
+        info["shared_prompt"] = float(used)
+    return out, (torch.nn.functional.pad(states, (0, 0, first, 0)) if hidden else None)
 
 
 def _scaled(agent, logits: torch.Tensor) -> torch.Tensor:
@@ -112,7 +124,7 @@ def _scaled(agent, logits: torch.Tensor) -> torch.Tensor:
 
 
 def head_values(agent, hidden: torch.Tensor) -> torch.Tensor:
-    """``[N, L]`` values from the last hidden states ``[N, L, H]``: position ``t`` is the value of the prefix
+    """``[N, T]`` values from the last hidden states ``[N, T, H]``: position ``t`` is the value of the prefix
     ``ids[:, :t+1]``."""
     return agent.value_head(hidden.to(next(agent.value_head.parameters()).dtype)).squeeze(-1)
 
@@ -131,12 +143,15 @@ class _Member:
         return self.batch.rows(idx)
 
 
-def _common_width(batches: list[EpisodeBatch], pad: int) -> list[EpisodeBatch]:
-    width = max(b.input_ids.shape[1] for b in batches)
+def common_width(batches: list[EpisodeBatch], pad: int) -> list[EpisodeBatch]:
+    """The batches right-padded to one width, plus one column when an episode was cut short (its bootstrap
+    value is read one column past its last action token). Right padding is masked out and never attended to
+    by an earlier position."""
+    width = max(b.input_ids.shape[1] for b in batches) + int(any(bool(b.truncated.any()) for b in batches))
     out = []
     for b in batches:
         extra = width - b.input_ids.shape[1]
-        if extra:  # right padding: masked out, and never attended to by an earlier position
+        if extra:
             p = torch.nn.functional.pad
             b = EpisodeBatch(p(b.input_ids, (0, extra), value=pad), p(b.attention_mask, (0, extra), value=1),
                              p(b.action_mask, (0, extra), value=0), p(b.turn_ids, (0, extra), value=-1), b.rewards,
@@ -152,7 +167,7 @@ def ppo_update(agents: Sequence, experiences: Sequence) -> list[dict[str, float]
     batches = [episode_batch(e, a.pad_token_id) for a, e in zip(agents, experiences)]
     if len(agents) > 1 and len({update_key(a, b.input_ids.shape[0]) for a, b in zip(agents, batches)}) > 1:
         raise ValueError("ppo_update: members differ in update settings or rows; group them with update_key")
-    members = [_Member(a, b.to(dev)) for a, b in zip(agents, _common_width(batches, agents[0].pad_token_id))]
+    members = [_Member(a, b.to(dev)) for a, b in zip(agents, common_width(batches, agents[0].pad_token_id))]
     c0 = agents[0].config
     n, bs = members[0].batch.input_ids.shape[0], c0.batch_size
     separate = "critic" in agents[0].ROLES
@@ -166,16 +181,19 @@ def ppo_update(agents: Sequence, experiences: Sequence) -> list[dict[str, float]
         rows = [r.to(dev) for r in rows]
         subs = [m.rows(r) for m, r in zip(ms, rows)]
         ids, attn = torch.cat([s.input_ids for s in subs]), torch.cat([s.attention_mask for s in subs])
+        first = min(action_start(s.action_mask) for s in subs)  # the losses read no earlier column
         k = len(rows[0])
         for m in ms:
             m.agent.optimizer.zero_grad(set_to_none=True)
         # actors (and value heads on them): one forward, one backward; a separate critic's forward runs after
         # the actors' backward (switching adapters must not touch a graph still in use)
         with member_forward([m.agent for m in ms], [actors[i] for i in active], True) as forward:
-            logits, hidden = forward(ids, attn, not separate)
+            info: dict = {}
+            logits, hidden = forward(ids, attn, not separate, first, info=info)
             total = 0.0
             for j, (m, r, sub) in enumerate(zip(ms, rows, subs)):
-                loss = _policy_loss(m, r, sub, logits[j * k:(j + 1) * k])
+                record(m.stats, shared_prompt=info["shared_prompt"])
+                loss = _policy_loss(m, r, sub, logits[j * k:(j + 1) * k], first)
                 if not separate:  # the value head on the actor: its loss reaches both groups
                     loss = loss + _value_loss(m, r, sub, hidden[j * k:(j + 1) * k])
                 # under DeepSpeed ZeRO: through the engines of the groups the loss reaches
@@ -184,7 +202,7 @@ def ppo_update(agents: Sequence, experiences: Sequence) -> list[dict[str, float]
             total.backward()  # each member's loss reaches only its own adapters and value head
         if separate:
             with member_forward([m.agent for m in ms], [critics[i] for i in active], True) as forward:
-                hidden = forward(ids, attn, True)[1]
+                hidden = forward(ids, attn, True, first, logits=False)[1]
                 total = sum(zero.track(m.agent.optimizer, _value_loss(m, r, sub, hidden[j * k:(j + 1) * k]), "critic")
                             for j, (m, r, sub) in enumerate(zip(ms, rows, subs)))
                 del hidden
@@ -199,9 +217,9 @@ def ppo_update(agents: Sequence, experiences: Sequence) -> list[dict[str, float]
 
 
 def _fixed_quantities(members: list[_Member], actors, critics, separate: bool, needs_old: bool) -> None:
-    """Old log-probs, values and reference log-probs, a minibatch of rows per member at a time (log-probs
-    through :func:`evollm.rollout.member_logprobs`: the output head only from the first action token on);
-    then each member's returns and advantages (GAE, bootstrapping episodes cut short from the critic)."""
+    """Old log-probs, values and reference log-probs, a minibatch of rows per member at a time (from the first
+    action column on: log-probs through :func:`evollm.rollout.member_logprobs`, values without the output
+    head); then each member's returns and advantages (GAE, bootstrapping episodes cut short from the critic)."""
     agents = [m.agent for m in members]
     c0 = agents[0].config
     n, bs = members[0].batch.input_ids.shape[0], c0.batch_size
@@ -211,23 +229,24 @@ def _fixed_quantities(members: list[_Member], actors, critics, separate: bool, n
     for start in range(0, n, bs):
         ids = torch.cat([m.batch.input_ids[start:start + bs] for m in members])
         attn = torch.cat([m.batch.attention_mask[start:start + bs] for m in members])
-        first = first_target(torch.cat([m.batch.action_mask[start:start + bs] for m in members]))
+        mask = torch.cat([m.batch.action_mask[start:start + bs] for m in members])
         k = ids.shape[0] // len(agents)
 
         def logprobs(reference: bool) -> list[torch.Tensor]:
             return list(member_logprobs(agents[0].shared, actors, ids, attn, k, False, reference, temps,
-                                        c0.logprob_chunk_rows, c0.logits_budget_mb, start=first).split(k))
+                                        c0.logprob_chunk_rows, c0.logits_budget_mb, start=first_target(mask)).split(k))
+        first = action_start(mask)
         if separate:
             with member_forward(agents, critics, False) as forward:
-                hidden = forward(ids, attn, True)[1]
+                hidden = forward(ids, attn, True, first, logits=False)[1]
             if needs_old:
                 parts["logp"].append(logprobs(reference=False))
         else:  # the value head reads the actor: one forward gives both
             with member_forward(agents, actors, False) as forward:
-                logits, hidden = forward(ids, attn, True)
+                logits, hidden = forward(ids, attn, True, first)
             if needs_old:
-                parts["logp"].append([F.token_logprobs(_scaled(a, logits[i * k:(i + 1) * k]),
-                                                       ids[i * k:(i + 1) * k, 1:]) for i, a in enumerate(agents)])
+                parts["logp"].append([_logprobs(a, logits[i * k:(i + 1) * k], ids[i * k:(i + 1) * k], first)
+                                      for i, a in enumerate(agents)])
             del logits
         parts["values"].append([head_values(a, hidden[i * k:(i + 1) * k]) for i, a in enumerate(agents)])
         del hidden
@@ -235,7 +254,7 @@ def _fixed_quantities(members: list[_Member], actors, critics, separate: bool, n
             parts["ref"].append(logprobs(reference=True))
     for i, m in enumerate(members):
         values = torch.cat([p[i] for p in parts["values"]])
-        m.old_values, m.vmask = m.agent._state_values(values[:, :-1], m.batch, m.token_level)
+        m.old_values, m.vmask = m.agent._state_values(values, m.batch, m.token_level)
         boot = F.truncation_bootstrap(values, m.batch.action_mask, m.batch.truncated)
         m.token_adv, m.returns, _ = m.agent._advantages(m.batch, m.old_values, m.vmask, m.token_level, boot)
         if needs_old:
@@ -244,13 +263,19 @@ def _fixed_quantities(members: list[_Member], actors, critics, separate: bool, n
             m.ref_logp = torch.cat([p[i] for p in parts["ref"]])
 
 
-def _policy_loss(m: _Member, rows: torch.Tensor, sub: EpisodeBatch, logits: torch.Tensor) -> torch.Tensor:
-    """Clipped policy loss (+ ``beta`` * KL) - ``ent_coef`` * entropy of one member's minibatch."""
+def _logprobs(agent, logits: torch.Tensor, ids: torch.Tensor, first: int) -> torch.Tensor:
+    """``[B, L-1]`` log-probs of ``ids[:, 1:]`` from the logits of columns ``first`` on (0 before)."""
+    return torch.nn.functional.pad(F.token_logprobs(_scaled(agent, logits), ids[:, first + 1:]), (first, 0))
+
+
+def _policy_loss(m: _Member, rows: torch.Tensor, sub: EpisodeBatch, logits: torch.Tensor, first: int) -> torch.Tensor:
+    """Clipped policy loss (+ ``beta`` * KL) - ``ent_coef`` * entropy of one member's minibatch (``logits`` of
+    the columns from ``first`` on)."""
     a, c = m.agent, m.agent.config
     logits = _scaled(a, logits)
-    logp = F.token_logprobs(logits, sub.input_ids[:, 1:])
+    logp = torch.nn.functional.pad(F.token_logprobs(logits, sub.input_ids[:, first + 1:]), (first, 0))
     with torch.set_grad_enabled(c.ent_coef != 0):
-        entropy = F.masked_mean(F.entropy_from_logits(logits), sub.action_mask)
+        entropy = F.masked_mean(F.entropy_from_logits(logits), sub.action_mask[:, first:])
     low, high = c.clip_range()
     pg_loss, st = F.policy_loss_with_stats(
         logp, m.old_logp[rows] if m.old_logp is not None else logp.detach(), m.token_adv[rows], sub.action_mask,
@@ -265,7 +290,7 @@ def _policy_loss(m: _Member, rows: torch.Tensor, sub: EpisodeBatch, logits: torc
 def _value_loss(m: _Member, rows: torch.Tensor, sub: EpisodeBatch, hidden: torch.Tensor) -> torch.Tensor:
     """``vf_coef`` * (clipped) value loss of one member's minibatch (added to its ``loss`` metric)."""
     a, c = m.agent, m.agent.config
-    values, _ = a._state_values(head_values(a, hidden)[:, :-1], sub, m.token_level)
+    values, _ = a._state_values(head_values(a, hidden), sub, m.token_level)
     v_loss = F.value_loss(values, m.old_values[rows], m.returns[rows], m.vmask[rows], clip=c.value_clip)
     m.stats["value_loss"].append(float(v_loss.detach()))
     m.stats["loss"][-1] += c.vf_coef * float(v_loss.detach())

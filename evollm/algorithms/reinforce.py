@@ -23,13 +23,14 @@ import torch
 from .. import functional as F
 from ..rollout import first_target, loss_forward
 from .base import AgentConfig, LLMAgent
+from .compat import with_turn_ids
 from .updates import mean_metrics, record, run_epochs
 from .multiturn_rollout import (EpisodeAgent, EpisodeBatch, episode_batch, last_token_of_turn, pack_actions,
                                 unpack_actions)
 
 GRANULARITIES = ("turn", "token", "auto")
 #: the per-minibatch metrics of an update (``kl``: k3 to the reference; ``approx_kl``: to the sampling policy)
-METRICS = ("loss", "kl", "approx_kl", "clip_fraction", "entropy", "grad_norm")
+METRICS = ("loss", "kl", "approx_kl", "clip_fraction", "entropy", "grad_norm", "shared_prompt")
 
 
 @dataclass
@@ -78,9 +79,10 @@ class LLMREINFORCE(EpisodeAgent):
         returns = F.rebn(batch.rewards, batch.turn_mask(), c.gamma)
         return F.broadcast_turn_values(returns, batch.turn_ids) * batch.action_mask
 
-    def learn(self, experiences) -> dict[str, float]:
+    def learn(self, experiences, turn_ids=None) -> dict[str, float]:
         """One update from ``(ids, action_masks, turn_ids, rewards[B, K])`` or ``(completion_ids,
         action_masks, rewards)``. Returns mean metrics (``mean_reward`` is the mean episode return)."""
+        experiences = with_turn_ids(experiences, turn_ids)  # AgileRL's learn((ids, masks, rewards), turn_ids=)
         c = self.config
         batch = episode_batch(experiences, self.pad_token_id)
         dev = self.device
@@ -97,18 +99,16 @@ class LLMREINFORCE(EpisodeAgent):
 
         def step(members, rows, stats) -> None:
             rows, st = rows[0].to(dev), stats[0]
-            logits = self._forward_logits(model, ids[rows], attn[rows])
-            logp = F.token_logprobs(logits, ids[rows][:, 1:])
-            with torch.no_grad():
-                entropy = F.masked_mean(F.entropy_from_logits(logits), mask[rows])
-            del logits
+            info: dict = {}
+            logp, entropy = self._policy_forward(model, ids[rows], attn[rows], mask[rows], info=info)
             # with old == current (first pass) the clipped surrogate's gradient is exactly -A * grad log pi
             loss, s = F.policy_loss_with_stats(
                 logp, old_logp[rows] if old_logp is not None else logp.detach(), advantages[rows], mask[rows],
                 loss_type="dapo", clip_low=low, clip_high=high,
                 ref_logp=ref_logp[rows] if ref_logp is not None else None, beta=c.beta)
             record(st, grad_norm=self.optimizer_step(loss, params), loss=loss.detach(), kl=s["kl"],
-                   approx_kl=s["approx_kl"], clip_fraction=s["clip_fraction"], entropy=entropy)
+                   approx_kl=s["approx_kl"], clip_fraction=s["clip_fraction"],
+                   entropy=F.masked_mean(entropy, mask[rows]), shared_prompt=info["shared_prompt"])
 
         with loss_forward(self.shared, self.adapter_name("actor"), True, c.disable_dropout) as model:
             stats = run_epochs([self], n, step, [{k: [] for k in METRICS}])[0]

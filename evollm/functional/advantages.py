@@ -157,27 +157,32 @@ def rebn(rewards: Tensor, mask: Tensor, gamma: float, eps: float = 1e-8) -> Tens
     return masked_whiten(_discounted_returns(r, valid, gamma), valid, eps=eps)
 
 
-def truncation_bootstrap(prefix_values: Tensor, action_mask: Tensor, truncated: Optional[Tensor]) -> Tensor:
+def truncation_bootstrap(token_values: Tensor, action_mask: Tensor, truncated: Optional[Tensor]) -> Tensor:
     """The ``last_values`` of :func:`gae` for episodes that may have been cut short.
 
     Args:
-        prefix_values: ``[B, L]`` critic values, position ``t`` the value of the prefix ``ids[:, :t+1]``.
-        action_mask: ``[B, L-1]``, 1 where ``ids[:, t+1]`` is the model's token.
+        token_values: ``[B, T]`` critic values, position ``t`` the value of the prefix ``ids[:, :t+1]`` (the
+            state from which ``ids[:, t+1]`` is generated).
+        action_mask: ``[B, T]``, 1 where ``ids[:, t+1]`` is the model's token.
         truncated: ``[B]`` bool (None: none were): the episode ended because a turn limit or the context
             length cut it, not because the environment ended it.
 
     Returns ``[B]``: for a truncated episode the value of the conversation through its last action token
-    (``prefix_values[b, t_last + 1]``), else 0 (terminal). Rows without an action token give 0.
+    (``token_values[b, t_last + 1]``: the batch needs a column after it, e.g. one of right padding), else 0
+    (terminal). Rows without an action token give 0.
     """
-    B = prefix_values.shape[0]
-    zero = torch.zeros(B, dtype=prefix_values.dtype, device=prefix_values.device)
+    B = token_values.shape[0]
+    zero = torch.zeros(B, dtype=token_values.dtype, device=token_values.device)
     if truncated is None:
         return zero
     valid = _valid(action_mask)
     positions = torch.arange(valid.shape[1], device=valid.device).expand_as(valid)
     last = torch.where(valid, positions, torch.full_like(positions, -1)).amax(1)
-    value = prefix_values.gather(1, (last + 1).clamp(min=0).unsqueeze(1)).squeeze(1)
-    keep = truncated.to(torch.bool).reshape(B).to(value.device) & (last >= 0)
+    keep = truncated.to(torch.bool).reshape(B).to(last.device) & (last >= 0)
+    if bool((keep & (last + 1 >= token_values.shape[1])).any()):
+        raise ValueError("a truncated episode's last action token is in the last column: its bootstrap value needs "
+                         "one column after it (right-pad the batch)")
+    value = token_values.gather(1, (last + 1).clamp(min=0, max=token_values.shape[1] - 1).unsqueeze(1)).squeeze(1)
     return torch.where(keep, value, zero)
 
 

@@ -24,7 +24,8 @@ from ..rollout import evaluate_population, generate_population
 from ..run.measure import member_tokens, with_costs
 from .dynamic_sampling import refill
 from .callbacks import Callback, LoopState, call
-from .quarantine import DivergenceLimits, check_members, evaluate_healthy, is_quarantined, replace_quarantined
+from .quarantine import (DivergenceLimits, check_members, evaluate_healthy, is_quarantined, replace_quarantined,
+                         stop_if_none_healthy)
 from .compat import agilerl_extras, pick_selection, resolve_max_steps
 from .data_parallel import evaluate_data_parallel, seed_sampling
 
@@ -93,6 +94,7 @@ def evolve(pop: Sequence, train_step: Callable[[list, int], dict[int, dict]],
             agent.scores.append(m.get("mean_reward", math.nan))
             since_eval.setdefault(agent.index, []).append(m.get("mean_reward", math.nan))
         check_members(agents, metrics, step + 1, log, divergence)
+        stop_if_none_healthy(agents, step + 1)
         done = step + 1
         state.step, state.agents = done, agents
         call(callbacks, "on_step_end", state, metrics)

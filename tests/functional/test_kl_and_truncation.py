@@ -51,12 +51,14 @@ def test_k3_gradient_is_the_forward_kl_gradient():
 
 def test_truncation_bootstrap_reads_the_value_after_the_last_action():
     values = torch.tensor([[0.0, 1.0, 2.0, 3.0, 4.0], [5.0, 6.0, 7.0, 8.0, 9.0], [1.0, 1.0, 1.0, 1.0, 1.0]])
-    mask = torch.tensor([[0, 1, 1, 0], [0, 0, 1, 1], [0, 0, 0, 0]])
+    mask = torch.tensor([[0, 1, 1, 0, 0], [0, 0, 1, 1, 0], [0, 0, 0, 0, 0]])
     # last action at t = 2 (row 0), 3 (row 1): the prefix through that token is position t + 1
     out = F.truncation_bootstrap(values, mask, torch.tensor([True, True, True]))
     assert out.tolist() == [3.0, 9.0, 0.0]  # a row without actions: nothing to bootstrap
     assert F.truncation_bootstrap(values, mask, torch.tensor([False, True, False])).tolist() == [0.0, 9.0, 0.0]
     assert F.truncation_bootstrap(values, mask, None).tolist() == [0.0, 0.0, 0.0]
+    with pytest.raises(ValueError, match="one column after it"):  # no column after row 1's last action
+        F.truncation_bootstrap(values[:, :4], mask[:, :4], torch.tensor([False, True, False]))
 
 
 def test_gae_bootstraps_truncated_episodes_only():
