@@ -215,12 +215,13 @@ def loss_forward(shared, name: str, grad: bool = True, disable_dropout: bool = T
 def member_logprobs(shared, names: Sequence[str], seqs: torch.Tensor, attn: torch.Tensor, rows_each: int,
                     grad: bool, reference: bool = False, temperature: float | Sequence[float] = 1.0,
                     chunk_rows: int | None = None, logits_budget_mb: float = 256.0,
-                    disable_dropout: bool = True, start: int | None = None, info: dict | None = None,
-                    shared_prompt: bool | None = None) -> torch.Tensor:
+                    disable_dropout: bool = True, start: int | None = None, with_entropy: bool = False,
+                    info: dict | None = None, shared_prompt: bool | None = None):
     """Log-probs of concatenated row blocks, block ``i`` (``rows_each`` rows) under adapter ``names[i]``
     of ``shared`` (or, with ``reference``, all of them under the base alone), with dropout off unless
     ``disable_dropout`` is False (see :func:`loss_forward`). ``temperature`` is one value or one per
-    block (each member scores at its own sampling temperature); ``start`` as in :func:`forward_logprobs`.
+    block (each member scores at its own sampling temperature); ``start`` and ``with_entropy`` (also return
+    the per-token entropy of the scored distribution, detached) as in :func:`forward_logprobs`.
 
     Several members run as ONE routed forward when their adapters are routed exactly and dropout
     is off; otherwise (DoRA, or dropout on) each block runs through PEFT's own forward in turn.
@@ -234,15 +235,16 @@ def member_logprobs(shared, names: Sequence[str], seqs: torch.Tensor, attn: torc
         temperature = torch.tensor(temps).repeat_interleave(rows_each)
     if reference:
         with torch.set_grad_enabled(grad), shared.reference() as model:
-            return forward_logprobs(model, seqs, attn, temperature, chunk_rows, logits_budget_mb=logits_budget_mb,
-                                    start=start, info=info, shared_prompt=shared_prompt)
+            return forward_logprobs(model, seqs, attn, temperature, chunk_rows, with_entropy,
+                                    logits_budget_mb=logits_budget_mb, start=start, info=info,
+                                    shared_prompt=shared_prompt)
     if len(names) > 1 and (batch_path(shared, names) != ROUTED or (grad and not disable_dropout)):
         out, parts = [], []  # one member at a time through PEFT's own forward (no checkpointing: one backward later)
         for i, name in enumerate(names):
             rows = slice(i * rows_each, (i + 1) * rows_each)
             parts.append({})
             with torch.set_grad_enabled(grad), loss_forward(shared, name, grad, disable_dropout, True) as model:
-                out.append(forward_logprobs(model, seqs[rows], attn[rows], temps[i], chunk_rows,
+                out.append(forward_logprobs(model, seqs[rows], attn[rows], temps[i], chunk_rows, with_entropy,
                                             logits_budget_mb=logits_budget_mb, start=start, info=parts[-1],
                                             shared_prompt=shared_prompt))
         if info is not None:
@@ -251,7 +253,7 @@ def member_logprobs(shared, names: Sequence[str], seqs: torch.Tensor, attn: torc
             for name in names:
                 for p in shared.parameters(name):
                     p.requires_grad_(True)
-        return torch.cat(out)
+        return tuple(torch.cat(cols) for cols in zip(*out)) if with_entropy else torch.cat(out)
     if len(names) == 1:
         ctx = loss_forward(shared, names[0], grad, disable_dropout)
         chunk = chunk_rows
@@ -262,5 +264,5 @@ def member_logprobs(shared, names: Sequence[str], seqs: torch.Tensor, attn: torc
         if len(names) > 1 and grad and (model.training or checkpointing(model)):
             model.eval()  # dropout off (routing never applies LoRA dropout), and no checkpointing (the backward
             # runs after the routing hooks are gone); each eval() walks every module, so only when needed
-        return forward_logprobs(model, seqs, attn, temperature, chunk, logits_budget_mb=logits_budget_mb, start=start,
-                                blocks=len(names), info=info, shared_prompt=shared_prompt)
+        return forward_logprobs(model, seqs, attn, temperature, chunk, with_entropy, logits_budget_mb=logits_budget_mb,
+                                start=start, blocks=len(names), info=info, shared_prompt=shared_prompt)
