@@ -26,7 +26,8 @@ from .dynamic_sampling import refill
 from .callbacks import Callback, LoopState, call
 from .quarantine import (DivergenceLimits, check_members, evaluate_healthy, is_quarantined, replace_quarantined,
                          stop_if_none_healthy)
-from .compat import agilerl_extras, pick_selection, resolve_max_steps
+from ..algorithms.compat import wants_vllm
+from .compat import agilerl_extras, pick_env, pick_selection, resolve_max_steps
 from .data_parallel import evaluate_data_parallel, seed_sampling
 
 
@@ -246,7 +247,7 @@ def use_rollout_backend(pop: Sequence, backend: str = "hf", vllm=None) -> None:
         raise ValueError("vllm settings given but rollout_backend is 'hf'; set rollout_backend='vllm'")
 
 
-def finetune_llm_reasoning(pop: Sequence, env, max_steps: int | None = None, evaluation_interval: int = 10,
+def finetune_llm_reasoning(pop: Sequence, env=None, max_steps: int | None = None, evaluation_interval: int = 10,
                            evo_steps: int | None = None, tournament=None, mutation=None,
                            save_elite: bool = False, elite_path: str | Path | None = None,
                            verbose: bool = True, seed: int = 0, population: Population | None = None,
@@ -255,7 +256,7 @@ def finetune_llm_reasoning(pop: Sequence, env, max_steps: int | None = None, eva
                            keep_checkpoints: int | None = 3, run_config: dict | None = None,
                            max_time: float | None = None, max_reward: float | None = None,
                            num_epochs: float | None = None, max_steps_unit: str | None = None,
-                           selection_strategy=None, rollout_backend: str = "hf", vllm=None,
+                           selection_strategy=None, rollout_backend: str = "hf", vllm=None, env_fn=None,
                            **agilerl_kwargs) -> tuple[list, Population]:
     """Train a population of single-turn agents (GRPO family) on a :class:`ReasoningGym`.
 
@@ -286,6 +287,9 @@ def finetune_llm_reasoning(pop: Sequence, env, max_steps: int | None = None, eva
     agilerl_style = agilerl_extras(agilerl_kwargs) or selection_strategy is not None or num_epochs is not None \
         or max_reward is not None
     tournament = pick_selection(tournament, selection_strategy)
+    env = pick_env(env, env_fn)
+    if rollout_backend == "hf" and wants_vllm(pop):  # AgileRL's use_vllm=True on the members
+        rollout_backend = "vllm"
     max_steps = resolve_max_steps(max_steps, num_epochs, max_steps_unit, env.batch_size, len(pop), len(env),
                                   agilerl_style)
     use_rollout_backend(pop, rollout_backend, vllm)
