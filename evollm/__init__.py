@@ -26,7 +26,7 @@ _EXPORTS = {
     "ReasoningGym": "evollm.envs.reasoning", "TokenObservationWrapper": "evollm.envs.multiturn",
     "Mutations": "evollm.hpo", "TournamentSelection": "evollm.hpo", "TruncationSelection": "evollm.hpo",
     "HyperparameterConfig": "evollm.hpo", "RLParameter": "evollm.hpo",
-    "finetune_llm_reasoning": "evollm.training", "finetune_llm_multiturn": "evollm.training",
+    "finetune_llm_reasoning": "evollm.training", "LoopSettings": "evollm.training", "finetune_llm_multiturn": "evollm.training",
     "load_model": "evollm.models.loading", "load_smollm2": "evollm.models.loading",
 }
 

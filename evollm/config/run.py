@@ -363,6 +363,19 @@ class TrainSection(Section):
     def checkpoint_interval(self) -> int:
         return self.evaluation_interval if self.checkpoint_every is None else self.checkpoint_every
 
+    def loop_settings(self, output_dir: str | Path, seed: int, resume: bool = False, run_config: dict | None = None,
+                      verbose: bool = True):
+        """The :class:`~evollm.training.settings.LoopSettings` of this section (paths resolved against
+        ``output_dir``: checkpoints in ``output_dir/checkpoints``, elites in ``output_dir/elites`` by default)."""
+        from evollm.training.settings import LoopSettings
+
+        out = Path(output_dir)
+        return LoopSettings(max_steps=self.max_steps, evaluation_interval=self.evaluation_interval,
+                            evo_steps=self.evo_steps, max_time=self.max_time, save_elite=self.save_elite,
+                            elite_path=self.elite_path or str(out / "elites"), checkpoint_dir=str(out / "checkpoints"),
+                            checkpoint_every=self.checkpoint_interval(), keep_checkpoints=self.keep_checkpoints,
+                            resume=resume, run_config=run_config, seed=int(seed), verbose=verbose)
+
 
 @dataclass
 class LoggingSection(Section):

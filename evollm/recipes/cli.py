@@ -137,32 +137,20 @@ def run(cfg, resume: bool, quiet: bool = False) -> dict:
         model.to(dist.device())
     hp_config, mutation, selection = build_hpo(cfg)
     members = build_population(cfg, model, tokenizer, hp_config)
-    evo_steps = cfg.train.evo_steps
-    train_cfg = {"max_steps": cfg.train.max_steps, "evaluation_interval": cfg.train.evaluation_interval,
-                 "save_elite": cfg.train.save_elite, "elite_path": cfg.train.elite_path or str(out / "elites"),
-                 "checkpoint_dir": str(out / "checkpoints"), "checkpoint_every": cfg.train.checkpoint_interval(),
-                 "keep_checkpoints": cfg.train.keep_checkpoints, "resume": resume, "run_config": run_config,
-                 "max_time": cfg.train.max_time}
-    train_cfg["callbacks"] = run_callbacks(cfg, out) if main else []  # only the main process writes
+    settings = cfg.train.loop_settings(out, cfg.seed, resume=resume, run_config=run_config, verbose=not quiet)
+    callbacks = run_callbacks(cfg, out) if main else []  # only the main process writes
     env_type = cfg.env.type
-    if cfg.rollout_backend != "hf":
-        if env_type != "reasoning":
-            raise ValueError(f"rollout_backend={cfg.rollout_backend!r} supports env.type 'reasoning' only")
-        train_cfg.update(rollout_backend=cfg.rollout_backend, vllm=cfg.vllm)
+    if cfg.rollout_backend != "hf" and env_type != "reasoning":
+        raise ValueError(f"rollout_backend={cfg.rollout_backend!r} supports env.type 'reasoning' only")
     say = print if main else (lambda *a, **k: None)
     say(f"evollm: {len(members)} x {type(members[0]).__name__} on one shared base "
         f"({sum(p.numel() for p in members[0].shared.base_parameters()):,} base parameters), env={env_type}")
-    if env_type == "reasoning":
-        from evollm.recipes.runners import run_reasoning
-        result = run_reasoning(cfg, members, tokenizer, train_cfg, evo_steps, selection, mutation, quiet)
-    elif env_type == "multiturn":
-        from evollm.recipes.runners import run_multiturn
-        result = run_multiturn(cfg, members, tokenizer, train_cfg, evo_steps, selection, mutation, quiet)
-    elif env_type == "team":
-        from evollm.recipes.runners import run_team
-        result = run_team(cfg, members, tokenizer, train_cfg, evo_steps, selection, mutation, quiet)
-    else:
+    from evollm.recipes import runners
+
+    runner = {"reasoning": "run_reasoning", "multiturn": "run_multiturn", "team": "run_team"}.get(env_type)
+    if runner is None:
         raise ValueError(f"env.type={env_type!r} is not valid; choose one of ['reasoning', 'multiturn', 'team']")
+    result = getattr(runners, runner)(cfg, members, tokenizer, settings, selection, mutation, callbacks)
     agents, population = result["agents"], result["population"]
     result["num_processes"] = dist.num_processes()
     if not main:

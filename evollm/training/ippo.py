@@ -27,6 +27,7 @@ from evollm.run.population import Population
 from .callbacks import Callback
 from .data_parallel import seed_sampling
 from .loop import closing_all, evolve, run_callbacks
+from .settings import LoopSettings, loop_settings
 
 #: per-agent training metrics copied into the report (averaged since the previous evaluation)
 AGENT_METRICS = ("policy_loss", "value_loss", "entropy", "clip_fraction", "explained_variance")
@@ -67,18 +68,17 @@ def team_metrics(team: IPPOTeam, episodes, agent_metrics: Sequence[dict]) -> dic
     return out
 
 
-def finetune_ippo(teams: Sequence[IPPOTeam], task: TeamTask, max_steps: int, evaluation_interval: int = 10,
-                  evo_steps: int | None = None, tournament=None, mutation=None, save_elite: bool = False,
-                  elite_path: str | Path | None = None, verbose: bool = True, seed: int = 0,
-                  population: Population | None = None, callbacks: Sequence[Callback] = (),
-                  log: Callable[[str], None] | None = None, checkpoint_dir: str | Path | None = None,
-                  resume: bool = False, checkpoint_every: int | None = None, keep_checkpoints: int | None = 3,
-                  run_config: dict | None = None, max_time: float | None = None) -> tuple[list, Population]:
+def finetune_ippo(teams: Sequence[IPPOTeam], task: TeamTask, settings: LoopSettings | None = None, *,
+                  tournament=None, mutation=None, population: Population | None = None,
+                  callbacks: Sequence[Callback] = (), log: Callable[[str], None] | None = None,
+                  **options) -> tuple[list, Population]:
     """Train a population of teams on ``task``; returns ``(teams, population)`` like the other loops.
     ``population.report()`` has one row per team per evaluation, with ``success`` and per-agent columns.
-    ``checkpoint_dir``, ``resume``, ``checkpoint_every``, ``keep_checkpoints``, ``run_config`` and
-    ``max_time`` are as in :func:`~evollm.training.loop.finetune_llm_reasoning` (the task's position in
-    its training rows is saved with the run)."""
+    ``settings`` (:class:`~evollm.training.settings.LoopSettings`, or its fields as keywords) are as in
+    :func:`~evollm.training.loop.finetune_llm_reasoning` (the task's position in its training rows is saved
+    with the run)."""
+    s = loop_settings(settings, options, "finetune_ippo")
+    seed = s.seed
     sizes = {t.config.rollout_buffer_size for t in teams}
     if len(sizes) > 1:
         raise ValueError(f"teams disagree on rollout_buffer_size {sorted(sizes)}; every team plays the same rows")
@@ -106,14 +106,10 @@ def finetune_ippo(teams: Sequence[IPPOTeam], task: TeamTask, max_steps: int, eva
         report.success = {t.index: s for t, s in zip(agents, success)}
         return fitness
 
-    callbacks = run_callbacks([report, *callbacks], checkpoint_dir, resume, checkpoint_every, keep_checkpoints,
-                              evaluation_interval, env=task, mutation=mutation, selection=tournament, seed=seed,
-                              config=run_config)
+    callbacks = run_callbacks([report, *callbacks], s, env=task, mutation=mutation, selection=tournament)
     with closing_all(callbacks):
-        return evolve(teams, train_step, evaluate, max_steps=max_steps, evaluation_interval=evaluation_interval,
-                      evo_steps=evo_steps, tournament=tournament, mutation=mutation, population=population,
-                      save_elite=save_elite, elite_path=elite_path, verbose=verbose, seed=seed,
-                      callbacks=callbacks, log=log, max_time=max_time)
+        return evolve(teams, train_step, evaluate, s, tournament=tournament, mutation=mutation,
+                      population=population, callbacks=callbacks, log=log)
 
 
 def evaluate_teams_data_parallel(teams: Sequence[IPPOTeam], task: TeamTask, record: bool = True

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import math
 import time
-from pathlib import Path
 from typing import Callable, Sequence
 
 import torch
@@ -36,6 +35,7 @@ from ..rollout import Episode, EnvPool, collect_episodes, stack_episodes
 from ..run.measure import member_tokens, with_costs
 from .data_parallel import seed_sampling
 from .loop import closing_all, evolve, run_callbacks
+from .settings import LoopSettings, loop_settings
 
 #: Evaluation seeds start here, far from the training seeds (``seed * 10**6 + step * episodes_per_step + i``).
 EVAL_SEED_OFFSET = 2**31
@@ -69,37 +69,32 @@ def success_rate(episodes: Sequence[Episode]) -> float:
     return sum(e.success for e in episodes) / len(episodes) if episodes else math.nan
 
 
-def finetune_llm_multiturn(pop: Sequence, max_turns: int, env_factory: Callable[[], object], max_steps: int,
-                           evaluation_interval: int = 10, evo_steps: int | None = None, tournament=None,
-                           mutation=None, episodes_per_step: int = 16, eval_episodes: int = 64,
-                           save_elite: bool = False, elite_path: str | Path | None = None, verbose: bool = True,
-                           seed: int = 0, population: Population | None = None,
+def finetune_llm_multiturn(pop: Sequence, max_turns: int, env_factory: Callable[[], object],
+                           settings: LoopSettings | None = None, *, tournament=None, mutation=None,
+                           episodes_per_step: int = 16, eval_episodes: int = 64, population: Population | None = None,
                            on_evaluation: Callable[[int, list, dict], None] | None = None,
-                           callbacks: Sequence = (), checkpoint_dir: str | Path | None = None,
-                           resume: bool = False, checkpoint_every: int | None = None,
-                           keep_checkpoints: int | None = 3, run_config: dict | None = None,
-                           max_time: float | None = None
-                           ) -> tuple[list, Population]:
-    """Train a population on a multi-turn environment (``max_time``: wall-clock budget in seconds).
+                           callbacks: Sequence = (), **options) -> tuple[list, Population]:
+    """Train a population on a multi-turn environment.
 
     Args:
         pop: the members (LLMPPO, LLMREINFORCE or GRPO family), all on one shared base.
         max_turns: most model turns per episode.
         env_factory: returns a fresh :class:`~evollm.envs.multiturn.TokenObservationWrapper`; one is
             made per concurrently played episode and reused.
-        max_steps, evaluation_interval, evo_steps, tournament, mutation, save_elite, elite_path, verbose,
-            seed, population: as in :func:`~evollm.training.loop.finetune_llm_reasoning`.
+        settings: the loop's options (:class:`~evollm.training.settings.LoopSettings`, or its fields as
+            keywords), as in :func:`~evollm.training.loop.finetune_llm_reasoning` (episode seeds follow
+            from the step, so a checkpoint holds no env state).
+        tournament, mutation, population: as in :func:`~evollm.training.loop.finetune_llm_reasoning`.
         episodes_per_step: training seeds per step (each member plays each, ``group_size`` times for
             group-relative members).
         eval_episodes: size of the fixed evaluation set of seeds.
         on_evaluation: optional ``callback(step, agents, episodes_by_member)`` after each evaluation
             (e.g. to log success rates).
-        checkpoint_dir, resume, checkpoint_every, keep_checkpoints, run_config: as in
-            :func:`~evollm.training.loop.finetune_llm_reasoning` (episode seeds follow from the step, so
-            there is no env state to save).
 
     Returns ``(agents, population)`` like the reasoning loop.
     """
+    s = loop_settings(settings, options, "finetune_llm_multiturn")
+    seed = s.seed
     if max_turns < 1 or episodes_per_step < 1 or eval_episodes < 1:
         raise ValueError(f"max_turns, episodes_per_step and eval_episodes must be >= 1, got {max_turns}, "
                          f"{episodes_per_step}, {eval_episodes}")
@@ -140,11 +135,7 @@ def finetune_llm_multiturn(pop: Sequence, max_turns: int, env_factory: Callable[
             on_evaluation(progress["step"], agents, episodes)
         return fitness
 
-    callbacks = run_callbacks(callbacks, checkpoint_dir, resume, checkpoint_every, keep_checkpoints,
-                              evaluation_interval, mutation=mutation, selection=tournament, seed=seed,
-                              config=run_config)
+    callbacks = run_callbacks(callbacks, s, mutation=mutation, selection=tournament)
     with closing_all(callbacks):
-        return evolve(pop, train_step, evaluate, max_steps=max_steps, evaluation_interval=evaluation_interval,
-                      evo_steps=evo_steps, tournament=tournament, mutation=mutation, population=population,
-                      save_elite=save_elite, elite_path=elite_path, verbose=verbose, seed=seed,
-                      callbacks=callbacks, max_time=max_time)
+        return evolve(pop, train_step, evaluate, s, tournament=tournament, mutation=mutation, population=population,
+                      callbacks=callbacks)
