@@ -2,8 +2,9 @@
 hyperparameters held in a dataclass.
 
 Algorithms (GRPO, LLMPPO, LLMREINFORCE) subclass :class:`LLMAgent` and implement
-``learn``; everything a population needs (clone, hyperparameter mutation, hooks,
-ids, release) lives here.
+``learn``; what every member has (history, hooks, clone bookkeeping, release, the quarantine
+flag, founders) is :class:`~evollm.algorithms.member.Member`; the adapters, optimizer and
+hyperparameter plumbing of an LLM member live here.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import copy
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Sequence
+from typing import Any, ClassVar, Sequence
 
 import torch
 from peft import LoraConfig
@@ -23,6 +24,7 @@ from evollm.parallel import zero
 from evollm.parallel.distributed import all_reduce_gradients
 from ..rollout import SamplingConfig, collate_prompts, eos_ids, forward_logprobs
 from ..rollout.sampling import check_extra
+from .member import Member
 
 _NO_ZERO = ("does not support DeepSpeed ZeRO: its optimizer is not built with evollm.parallel.zero.wrap; launch it without "
             "a DeepSpeed config")
@@ -171,7 +173,7 @@ def build_config(config_cls, config, overrides: dict) -> Any:
     return cfg
 
 
-class LLMAgent:
+class LLMAgent(Member):
     """Base class of every algorithm. Not used directly."""
 
     config_cls: ClassVar[type] = AgentConfig
@@ -212,16 +214,7 @@ class LLMAgent:
             for role in self.ROLES:  # a refused member leaves nothing on the shared base
                 self.shared.delete_adapter(self.adapter_name(role))
             raise ValueError(f"{type(self).__name__} {_NO_ZERO}")
-        self.hp_config = hp_config
-        if hp_config is not None and hasattr(hp_config, "validate_for"):
-            hp_config.validate_for(self)
-        self.fitness: list[float] = []
-        self.scores: list[float] = []
-        self.parent_index: int | None = None  # the member this one was cloned from
-        self.steps: int = 0
-        self.mutation_hooks: list[Callable] = []
-        self.last_mutation = None
-        self.released = False
+        self._init_member(hp_config)
 
     # ------------------------------------------------------------------ identity
     def adapter_name(self, role: str = "actor") -> str:
@@ -255,7 +248,17 @@ class LLMAgent:
         """Create non-adapter trainable modules (e.g. PPO's value head)."""
 
     def _extra_parameters(self) -> dict[str, list[torch.nn.Parameter]]:
+        """Hook: the member's trainable tensors outside its adapters, by module (e.g. ``value_head``)."""
         return {}
+
+    def extra_parameters(self) -> dict[str, list[torch.nn.Parameter]]:
+        """The member's trainable tensors outside its adapters, by module (e.g. PPO's ``value_head``)."""
+        return self._extra_parameters()
+
+    def trainable_parameters(self) -> list[torch.Tensor]:
+        """Every tensor the member trains: its adapters' and its extra modules'."""
+        params = [p for role in self.ROLES for p in self.shared.parameters(self.adapter_name(role))]
+        return params + [p for group in self.extra_parameters().values() for p in group]
 
     def _param_groups(self) -> list[dict]:
         """One optimizer param group per role, so each can carry its own learning rate."""
@@ -326,14 +329,6 @@ class LLMAgent:
         resize_member(self, rank)
 
     # ------------------------------------------------------------------ population methods
-    def register_mutation_hook(self, hook: Callable) -> None:
-        """``hook(agent)`` runs after every mutation and clone; hooks are inherited by clones."""
-        self.mutation_hooks.append(hook)
-
-    def run_mutation_hooks(self) -> None:
-        for hook in self.mutation_hooks:
-            hook(self)
-
     def clone(self, index: int | None = None, wrap: bool = True) -> "LLMAgent":
         """A new member on the same base: in-memory copies of the adapters, extra modules and
         optimizer state; copied hyperparameters and hooks. The clone starts with an EMPTY fitness
@@ -350,17 +345,15 @@ class LLMAgent:
                 for dst, src in zip(new._extra_parameters()[key], params):
                     dst.copy_(src)
         copy_attributes(self, new)
-        new.fitness, new.scores, new.parent_index = [], [], self.index
+        self._start_clone(new)
         new.optimizer = new._build_optimizer()
         new.optimizer.load_state_dict(_clone_optimizer_state(self.optimizer.state_dict()))
         from ..adapters.resize import carry_fresh_directions
         carry_fresh_directions(self.optimizer, new.optimizer)
         return new
 
-    def release(self) -> None:
+    def _free(self) -> None:
         """Free this member's adapters and optimizer state (the shared base is untouched)."""
-        if self.released:
-            return
         from ..rollout.vllm_engine import engine_of
         engine = engine_of(self.shared)
         if engine is not None:  # rollout_backend="vllm": the engine drops the member's LoRA id too
@@ -370,7 +363,6 @@ class LLMAgent:
         for role in self.ROLES:
             self.shared.delete_adapter(self.adapter_name(role))
         self.optimizer = None
-        self.released = True
 
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self, path) -> None:

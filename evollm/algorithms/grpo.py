@@ -130,24 +130,6 @@ class GRPO(LLMAgent):
             return self.config.reward_scaling()
         return super().get_hyperparameter(name)
 
-    # ------------------------------------------------------------------ population constructor
-    @classmethod
-    def population(cls, size: int, actor_network: torch.nn.Module, hp_config=None, init_hyperparameters=None,
-                   init_sampler: str | None = "qmc", **kwargs) -> list["GRPO"]:
-        """``size`` members on ONE shared base.
-
-        With an ``hp_config`` the founders' hyperparameters are drawn from it with ``init_sampler``
-        (``"qmc"``: scrambled Sobol, the default; ``"random"``, ``"tpe"``, an Optuna sampler, or
-        ``None`` for identical founders), seeded with ``seed``; a value the caller passes as a keyword
-        (e.g. ``lr=1e-3``) is kept for every founder. ``init_hyperparameters``: an explicit list of
-        per-member dicts instead (e.g. from :func:`evollm.hpo.initial_population_hyperparameters`)."""
-        from ..hpo.founders import founder_hyperparameters
-        if size < 1:
-            raise ValueError(f"population size must be >= 1, got {size}")
-        init = founder_hyperparameters(size, hp_config, init_hyperparameters, init_sampler,
-                                       fixed=kwargs, seed=kwargs.get("seed", 0))
-        return [_with_hyperparameters(cls(actor_network, hp_config=hp_config, **kwargs), hps) for hps in init]
-
     # ------------------------------------------------------------------ acting
     def get_action(self, prompts: Sequence[dict], training: bool = True) -> ActionResult:
         """Sample ``group_size`` completions per prompt (one greedy completion when not training).
@@ -441,10 +423,6 @@ def _learn_chunk(agents, batches, rows, stats) -> None:
     total.backward()
 
 
-def _with_hyperparameters(agent, hps: dict):
-    for name, value in hps.items():
-        agent.set_hyperparameter(name, value)
-    return agent
 
 
 def _no_update(agent: GRPO, batch: _Prepared) -> dict[str, float]:

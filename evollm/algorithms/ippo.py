@@ -25,12 +25,13 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Sequence
+from typing import Any, ClassVar, Sequence
 
 import torch
 
 from evollm.parallel import zero
 from .base import build_config
+from .member import Member
 from .ppo import LLMPPO, LLMPPOConfig
 from .ppo_fused import learn_grouped
 from ..rollout import SamplingConfig
@@ -200,11 +201,7 @@ class IPPOAgent(LLMPPO):
         return learn_grouped(agents, experiences)
 
 
-def _team_ids(shared) -> set[int]:
-    return shared.__dict__.setdefault("_evollm_team_ids", set())
-
-
-class IPPOTeam:
+class IPPOTeam(Member):
     """A team of cooperating agents: ONE population member.
 
     ``IPPOTeam(model, tokenizer, num_agents=2, actor_learning_rate=1e-3, ...)``: any :class:`IPPOConfig`
@@ -212,6 +209,8 @@ class IPPOTeam:
     (``agent_overrides[i]["lora_rank"]`` gives agent ``i`` another rank)."""
 
     config_cls: ClassVar[type] = IPPOConfig
+    #: teams take their ids from their own space on the shared base (their agents are members there)
+    ID_SPACE: ClassVar[str] = "team"
 
     def __init__(self, model: torch.nn.Module, tokenizer=None, *, pad_token_id: int | None = None,
                  pad_token: str | None = None, eos_token_id: int | None = None, config: IPPOConfig | None = None,
@@ -236,25 +235,8 @@ class IPPOTeam:
                 lora.lora_alpha, lora.r = lora.lora_alpha * r / lora.r, r  # same scale alpha / r
             self.agents.append(IPPOAgent(model, pad_token_id, pad_token, eos_token_id=eos_token_id, lora_config=lora,
                                          device=device, **self.config.agent_settings(i)))
-        self.index = self._reserve(index)
-        self.hp_config = hp_config
-        if hp_config is not None:
-            hp_config.validate_for(self)
-        self.fitness: list[float] = []
-        self.scores: list[float] = []
-        self.steps = 0
-        self.mutation_hooks: list[Callable] = []
-        self.last_mutation = None
-        self.released = False
-
-    def _reserve(self, index: int | None) -> int:
-        used = _team_ids(self.shared)
-        if index is None:
-            index = max(used, default=-1) + 1
-        elif index in used:
-            raise ValueError(f"team id {index} was already used on this shared base; ids are never reused")
-        used.add(int(index))
-        return int(index)
+        self.index = self.shared.reserve_index(index, self.ID_SPACE)
+        self._init_member(hp_config)
 
     # ------------------------------------------------------------------ identity
     @property
@@ -330,34 +312,23 @@ class IPPOTeam:
                 for i in range(self.num_agents) for n in AGENT_MUTABLE}
 
     # ------------------------------------------------------------------ population methods
-    def register_mutation_hook(self, hook: Callable) -> None:
-        """``hook(team)`` runs after every mutation and clone; clones inherit hooks."""
-        self.mutation_hooks.append(hook)
-
-    def run_mutation_hooks(self) -> None:
-        for hook in self.mutation_hooks:
-            hook(self)
-
     def clone(self, index: int | None = None, wrap: bool = True) -> "IPPOTeam":
         """A new team on the same base: every agent's adapters, value head and optimizer state copied
-        in memory; settings, fitness history and hooks copied."""
+        in memory; settings and hooks copied; like every clone, an empty fitness history and
+        ``parent_index`` this team's id."""
         new = object.__new__(type(self))
         new.agents = [a.clone() for a in self.agents]
         new.config = copy.deepcopy(self.config)
-        new.index = new._reserve(index)
-        new.hp_config = self.hp_config
-        new.fitness, new.scores = list(self.fitness), list(self.scores)
-        new.steps = self.steps
-        new.mutation_hooks = list(self.mutation_hooks)
-        new.last_mutation = None
-        new.released = False
-        return new
+        new.index = self.shared.reserve_index(index, self.ID_SPACE)
+        return self._start_clone(new)
 
-    def release(self) -> None:
-        if not self.released:
-            for agent in self.agents:
-                agent.release()
-            self.released = True
+    def _free(self) -> None:
+        for agent in self.agents:
+            agent.release()
+
+    def trainable_parameters(self) -> list[torch.Tensor]:
+        """Every tensor the team trains: those of all its agents."""
+        return [p for agent in self.agents for p in agent.trainable_parameters()]
 
     # ------------------------------------------------------------------ learning
     def learn(self, experiences: Sequence) -> list[dict[str, float]]:
@@ -383,13 +354,18 @@ class IPPOTeam:
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self, path) -> Path:
         """``team.json`` + ``agent_<i>/`` per agent (its actor adapter in ``agent_<i>/adapter`` loads with
-        ``PeftModel.from_pretrained``; critic, value head and optimizer as safetensors)."""
-        return self.write_checkpoint(Path(path))
+        ``PeftModel.from_pretrained``; critic, value head and optimizer as safetensors), atomically: a
+        complete folder with a manifest, or nothing."""
+        from evollm.utils.atomic import atomic_folder
+
+        with atomic_folder(path, "team") as tmp:
+            self.write_checkpoint(tmp)
+        return Path(path)
 
     def write_checkpoint(self, path: Path) -> Path:
         """The team's files into ``path`` (what :meth:`save_checkpoint` writes; a run checkpoint writes
         every team this way inside its own atomic folder)."""
-        from evollm.utils.atomic import jsonable
+        from evollm.utils.atomic import jsonable, write_json
         from evollm.algorithms.checkpoint import save_agent
 
         path = Path(path)
@@ -402,7 +378,7 @@ class IPPOTeam:
                 "steps": self.steps, "agents": [a.index for a in self.agents], "lora_rank": self.lora_rank,
                 "pad_token_id": self.pad_token_id, "pad_token": self.agents[0].pad_token,
                 "eos_token_id": self.agents[0].eos_token_id}
-        (path / "team.json").write_text(json.dumps(info, indent=1))
+        write_json(path / "team.json", info)
         return path
 
     def load_checkpoint(self, path, merge_lora_configs: bool = False, verify_manifest: bool = True) -> None:

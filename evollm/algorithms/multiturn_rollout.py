@@ -116,11 +116,10 @@ def last_token_of_turn(turn_ids: torch.Tensor, num_turns: int) -> torch.Tensor:
 # What LLMPPO and LLMREINFORCE share
 # --------------------------------------------------------------------------- #
 class EpisodeAgent(LLMAgent):
-    """Base of the agents that learn from whole episodes (LLMPPO, LLMREINFORCE): sampling and the
-    population constructor are GRPO's (``group_size`` samples per prompt, 1 by default), and
+    """Base of the agents that learn from whole episodes (LLMPPO, LLMREINFORCE): sampling is GRPO's
+    (``group_size`` samples per prompt, 1 by default), and
     :meth:`test` works on a :class:`~evollm.envs.reasoning.ReasoningGym` or a multi-turn wrapper."""
 
-    population = classmethod(GRPO.population.__func__)
     get_action = GRPO.get_action
     rollout = GRPO.rollout
 
@@ -134,7 +133,7 @@ class EpisodeAgent(LLMAgent):
         for seed in range(loop):
             returns += [e.episode_return for e in collect_episodes([self], [env], [seed], training=False)[self.index]]
         fitness = sum(returns) / len(returns)
-        self.fitness.append(fitness)
+        self.record_fitness(fitness)
         return fitness
 
     def _forward_logits(self, model, ids: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:

@@ -26,20 +26,11 @@ def build_population(cfg, model, tokenizer, hp_config):
     lora = lora_config(model, **alg.lora.kwargs())
     hps = dict(alg.hyperparameters)
     hps.setdefault("seed", cfg.seed)
-    from evollm.hpo.founders import founder_hyperparameters
     # founders drawn from the hp_config (QMC unless algorithm.init_sampler says otherwise); a value
     # set in algorithm.hyperparameters is kept for every founder
-    init = founder_hyperparameters(size, hp_config, None, alg.init_sampler, fixed=alg.hyperparameters,
-                                   seed=cfg.seed)
-    members = []
-    for i in range(size):
-        agent = cls(model, pad_token_id=tokenizer.pad_token_id, pad_token=tokenizer.pad_token,
-                    eos_token_id=tokenizer.eos_token_id, tokenizer=tokenizer, hp_config=hp_config, lora_config=lora,
-                    **hps)
-        for name, value in (init[i] if init else {}).items():
-            agent.set_hyperparameter(name, value)
-        members.append(agent)
-    return members
+    return cls.population(size, model, hp_config=hp_config, init_sampler=alg.init_sampler, fixed=alg.hyperparameters,
+                          pad_token_id=tokenizer.pad_token_id, pad_token=tokenizer.pad_token,
+                          eos_token_id=tokenizer.eos_token_id, tokenizer=tokenizer, lora_config=lora, **hps)
 
 
 RUN_CONFIG = "run_config.json"

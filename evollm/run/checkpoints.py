@@ -153,7 +153,7 @@ class RunCheckpointer:
         check_fingerprint(population.get("base_fingerprint"), agents[0].shared.model, folder)
         restored = restore_members(agents, folder, member_ids(population["members"], folder))
         shared = restored[0].shared
-        shared._used_ids.update(int(i) for i in population.get("used_ids", []))
+        shared.mark_used(population.get("used_ids", []))
         state.record.load_state_dict({k: v for k, v in population.items()
                                       if k not in ("members", "used_ids", "base_fingerprint")})
         state.record.members = list(restored)
@@ -206,7 +206,7 @@ def restore_members(live: list, folder: Path, ids: list[int]) -> list:
                 raise CheckpointError(f"checkpoint {folder}: member {index} is a {kind}, and the resumed population "
                                       f"has none ({sorted({type(a).__name__ for a in live})}); resume with the "
                                       "population the run was started with")
-            template.shared._used_ids.discard(index)  # the same member returns; no other member gets its id
+            template.shared.return_index(index, template.ID_SPACE)  # the same member returns; no other gets its id
             agent = template.clone(index=index)
         rank = info.get("lora_rank")
         if rank is not None and int(rank) != agent.lora_rank:

@@ -26,6 +26,7 @@ from ..envs.team import TeamTask
 from evollm.run.population import Population
 from .callbacks import Callback
 from .data_parallel import seed_sampling
+from .quarantine import healthy
 from .loop import closing_all, evolve, run_callbacks
 from .settings import LoopSettings, loop_settings
 
@@ -94,7 +95,7 @@ def finetune_ippo(teams: Sequence[IPPOTeam], task: TeamTask, settings: LoopSetti
     report = TeamReport()
 
     def train_step(agents, step):
-        active = [t for t in agents if not getattr(t, "quarantined", False)]
+        active = healthy(agents)
         rows = dist.shard(task.next_rows(buffer), "rows (rollout_buffer_size)")  # multi-process: this process's share
         seed_sampling(seed, step)
         rollout = play_teams(active, task, rows, training=True)
@@ -102,7 +103,7 @@ def finetune_ippo(teams: Sequence[IPPOTeam], task: TeamTask, settings: LoopSetti
         return {t.index: team_metrics(t, rollout.episodes[t.index], r) for t, r in zip(active, results)}
 
     def evaluate(agents):
-        fitness, success = evaluate_teams_data_parallel(agents, task)
+        fitness, success = evaluate_teams_data_parallel(agents, task, record=False)
         report.success = {t.index: s for t, s in zip(agents, success)}
         return fitness
 
@@ -124,7 +125,7 @@ def evaluate_teams_data_parallel(teams: Sequence[IPPOTeam], task: TeamTask, reco
     fitness, success = dist.all_reduce_mean(fitness).tolist(), dist.all_reduce_mean(success).tolist()
     if record:
         for team, f in zip(teams, fitness):
-            team.fitness.append(f)
+            team.record_fitness(f)
     return fitness, success
 
 
@@ -163,8 +164,8 @@ class IPPOTrainer:
                              num_turns=self.args.num_turns, reward_processor=reward_processor,
                              max_new_tokens=self.args.max_new_tokens, max_model_len=self.args.max_model_len,
                              seed=self.args.seed, **task_kwargs)
-        self.teams = [IPPOTeam(model, tokenizer, config=self.args, hp_config=hp_config, lora_config=lora_config)
-                      for _ in range(population_size)]
+        self.teams = IPPOTeam.population(population_size, model, hp_config=hp_config, init_sampler=None,
+                                         tokenizer=tokenizer, config=self.args, lora_config=lora_config)
         self.mutation, self.tournament, self.evo_steps = mutation, tournament, evo_steps
         self.metrics_callback = metrics_callback
         self.population: Population | None = None

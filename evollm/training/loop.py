@@ -24,7 +24,7 @@ from ..rollout import evaluate_population, generate_population
 from ..run.measure import member_tokens, with_costs
 from .dynamic_sampling import refill
 from .callbacks import Callback, LoopState, call
-from .quarantine import check_members, evaluate_healthy, is_quarantined, replace_quarantined
+from .quarantine import check_members, evaluate_healthy, healthy, replace_quarantined
 from .compat import AGILERL_ONLY, agilerl_extras, pick_selection, resolve_max_steps
 from .data_parallel import evaluate_data_parallel, seed_sampling
 from .settings import LoopSettings, loop_settings
@@ -83,7 +83,7 @@ def evolve(pop: Sequence, train_step: Callable[[list, int], dict[int, dict]],
         record.record_step(step + 1, metrics)
         for agent in agents:
             m = metrics.get(agent.index, {})
-            agent.scores.append(m.get("mean_reward", math.nan))
+            agent.record_score(m.get("mean_reward", math.nan))
             since_eval.setdefault(agent.index, []).append(m.get("mean_reward", math.nan))
         check_members(agents, metrics, step + 1, log)
         done = step + 1
@@ -98,7 +98,7 @@ def evolve(pop: Sequence, train_step: Callable[[list, int], dict[int, dict]],
             record.record_evaluation_time(done, time.perf_counter() - started)
             train_rewards = {a.index: _mean(since_eval.get(a.index, [])) for a in agents}
             record.record_evaluation(done, agents, fitness, train_rewards,
-                                     extra={a.index: {"quarantined": is_quarantined(a)} for a in agents})
+                                     extra={a.index: {"quarantined": a.quarantined} for a in agents})
             call(callbacks, "on_evaluation", state, fitness)
             since_eval.clear()
             best = max(fitness)
@@ -296,7 +296,7 @@ def finetune_llm_reasoning(pop: Sequence, env, settings: LoopSettings | None = N
         prompts = dist.shard(env.reset())  # multi-process: this process's share of the global batch
         seed_sampling(seed, step)
         started = time.perf_counter()
-        rollouts = generate_population([a for a in agents if not getattr(a, "quarantined", False)], prompts)
+        rollouts = generate_population(healthy(agents), prompts)
         generated = time.perf_counter()
         active = [a for a in agents if a.index in rollouts]
         experiences = []
@@ -316,5 +316,5 @@ def finetune_llm_reasoning(pop: Sequence, env, settings: LoopSettings | None = N
 
     callbacks = run_callbacks(callbacks, s, env=env, mutation=mutation, selection=tournament)
     with closing_all(callbacks):
-        return evolve(pop, train_step, lambda agents: evaluate_data_parallel(agents, env, evaluate_population), s,
+        return evolve(pop, train_step, lambda agents: evaluate_data_parallel(agents, env, evaluate_population, record=False), s,
                       tournament=tournament, mutation=mutation, population=population, callbacks=callbacks)

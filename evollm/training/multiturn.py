@@ -34,6 +34,7 @@ from evollm.run.population import Population
 from ..rollout import Episode, EnvPool, collect_episodes, stack_episodes
 from ..run.measure import member_tokens, with_costs
 from .data_parallel import seed_sampling
+from .quarantine import healthy
 from .loop import closing_all, evolve, run_callbacks
 from .settings import LoopSettings, loop_settings
 
@@ -54,13 +55,13 @@ def episodes_to_experiences(agent, episodes: Sequence[Episode], num_turns: int) 
 def evaluate_episodes(agents: Sequence, pool: EnvPool, seeds: Sequence[int], max_turns: int | None = None,
                       record: bool = True) -> tuple[list[float], dict[int, list[Episode]]]:
     """Greedy episodes of every member on ``seeds``; returns ``(mean return per member, episodes)``.
-    Appends the fitness to each member's ``fitness`` when ``record``."""
+    Records the fitness in each member's history when ``record``."""
     episodes = collect_episodes(agents, pool.get(len(agents) * len(seeds)), seeds, training=False,
                                 max_turns=max_turns)
     fitness = [sum(e.episode_return for e in episodes[a.index]) / len(seeds) for a in agents]
     if record:
         for agent, f in zip(agents, fitness):
-            agent.fitness.append(f)
+            agent.record_fitness(f)
     return fitness, episodes
 
 
@@ -109,7 +110,7 @@ def finetune_llm_multiturn(pop: Sequence, max_turns: int, env_factory: Callable[
 
     def train_step(agents, step):
         progress["step"] = step + 1
-        active = [a for a in agents if not getattr(a, "quarantined", False)]
+        active = healthy(agents)
         seeds = [seed * 10**6 + step * episodes_per_step + i for i in range(episodes_per_step)]
         seeds = dist.shard(seeds, "episodes (episodes_per_step)")  # multi-process: this process's share
         seed_sampling(seed, step)
@@ -129,8 +130,6 @@ def finetune_llm_multiturn(pop: Sequence, max_turns: int, env_factory: Callable[
         fitness, episodes = evaluate_episodes(agents, pool, mine, max_turns, record=False)
         if dist.is_distributed():  # every process the same fitness: the mean return over all seeds
             fitness = dist.all_reduce_mean(fitness).tolist()
-        for agent, f in zip(agents, fitness):
-            agent.fitness.append(f)
         if on_evaluation is not None:
             on_evaluation(progress["step"], agents, episodes)
         return fitness

@@ -14,20 +14,8 @@ from typing import Callable, Sequence
 import torch
 
 
-def is_quarantined(agent) -> bool:
-    return bool(getattr(agent, "quarantined", False))
-
-
 def healthy(agents: Sequence) -> list:
-    return [a for a in agents if not is_quarantined(a)]
-
-
-def trainable_parameters(agent) -> list[torch.Tensor]:
-    """Every tensor a member trains: its adapters and extra modules (a team: those of all its agents)."""
-    if hasattr(agent, "agents"):
-        return [p for member in agent.agents for p in trainable_parameters(member)]
-    params = [p for role in agent.ROLES for p in agent.shared.parameters(agent.adapter_name(role))]
-    return params + [p for group in agent._extra_parameters().values() for p in group]
+    return [a for a in agents if not a.quarantined]
 
 
 def nonfinite_reason(agent, metrics: dict) -> str | None:
@@ -35,7 +23,7 @@ def nonfinite_reason(agent, metrics: dict) -> str | None:
     loss = metrics.get("loss", 0.0)
     if loss is not None and not math.isfinite(float(loss)):
         return f"non-finite loss {loss}"
-    params = trainable_parameters(agent)
+    params = agent.trainable_parameters()
     if params:
         finite = torch.stack([torch.isfinite(p).all() for p in params])
         if not bool(finite.all()):
@@ -48,12 +36,11 @@ def check_members(agents: Sequence, metrics: dict[int, dict], step: int, log: Ca
     """Quarantine every trained member that fails :func:`nonfinite_reason`; returns the newly quarantined."""
     newly = []
     for agent in agents:
-        if is_quarantined(agent) or agent.index not in metrics:
+        if agent.quarantined or agent.index not in metrics:
             continue
         reason = nonfinite_reason(agent, metrics[agent.index])
         if reason is not None:
-            agent.quarantined = True
-            agent.quarantine_reason = f"step {step}: {reason}"
+            agent.quarantine(f"step {step}: {reason}")
             hps = {}
             for name in getattr(agent, "MUTABLE", ()):
                 try:
@@ -67,27 +54,23 @@ def check_members(agents: Sequence, metrics: dict[int, dict], step: int, log: Ca
 
 
 def evaluate_healthy(agents: Sequence, evaluate: Callable[[list], list[float]]) -> list[float]:
-    """Fitness in the order of ``agents``: evaluated for healthy members, -inf (also appended to the
-    member's fitness history) for quarantined ones."""
+    """Fitness in the order of ``agents``: ``evaluate`` (which records nothing) for healthy members, -inf
+    for quarantined ones; recorded here, once per evaluation, in every member's fitness history."""
     ok = healthy(agents)
     scores = iter(evaluate(ok) if ok else [])
-    fitness = []
-    for agent in agents:
-        if is_quarantined(agent):
-            agent.fitness.append(-math.inf)
-            fitness.append(-math.inf)
-        else:
-            fitness.append(next(scores))
+    fitness = [-math.inf if agent.quarantined else next(scores) for agent in agents]
+    for agent, f in zip(agents, fitness):
+        agent.record_fitness(f)
     return fitness
 
 
 def replace_quarantined(result, old_agents: Sequence, tournament) -> None:
     """After selection: a quarantined member, or a clone of one, that made it into the new population is
     replaced (in ``result``) by a clone of the best healthy old member, which is then mutated like any clone."""
-    sick = {a.index for a in old_agents if is_quarantined(a)}
+    sick = {a.index for a in old_agents if a.quarantined}
     if not sick:
         return
-    donors = [a for a in old_agents if not is_quarantined(a) and a.fitness]
+    donors = [a for a in old_agents if not a.quarantined and a.fitness]
     if not donors:
         raise RuntimeError("every member of the population is quarantined (non-finite losses or adapters); "
                            "lower the learning rates or their hpo.hp_config ranges")
