@@ -50,8 +50,9 @@ class LLMPPOConfig(AgentConfig):
     lr: float = 1e-4
     lr_actor: float | None = None
     lr_critic: float | None = None
-    clip_coef: float = 0.2
-    value_clip: float | None = None  # clip range of the value loss; None: clip_coef
+    #: clip of the value loss around the old values (``|V - V_old| <= value_clip``); None: unclipped. Its own
+    #: setting: the policy clip (clip_coef / clip_low / clip_high) never moves it
+    value_clip: float | None = 0.2
     vf_coef: float = 0.5
     ent_coef: float = 0.0
     gamma: float = 1.0
@@ -78,9 +79,8 @@ class LLMPPOConfig(AgentConfig):
                              f"{self.update_epochs}, {self.group_size}")
         if not (0.0 <= self.gamma <= 1.0 and 0.0 <= self.gae_lambda <= 1.0):
             raise ValueError(f"gamma and gae_lambda must be in [0, 1], got {self.gamma}, {self.gae_lambda}")
-        lo, hi = self.clip_bounds()
-        if not 0 <= lo <= 1 <= hi:
-            raise ValueError(f"clip_coef={self.clip_coef!r} must give bounds lo <= 1 <= hi, got ({lo}, {hi})")
+        if self.value_clip is not None and not (isinstance(self.value_clip, (int, float)) and self.value_clip >= 0):
+            raise ValueError(f"value_clip must be >= 0 or None (unclipped), got {self.value_clip!r}")
 
 
 class LLMPPO(EpisodeAgent):
@@ -92,8 +92,9 @@ class LLMPPO(EpisodeAgent):
 
     config_cls = LLMPPOConfig
     ROLES = ("actor", "critic")
-    MUTABLE = ("lr", "lr_actor", "lr_critic", "clip_coef", "clip_low", "clip_high", "vf_coef", "ent_coef", "gamma", "gae_lambda", "beta",
-               "update_epochs", "batch_size", "temperature", "top_p", "top_k", "max_grad_norm")
+    MUTABLE = ("lr", "lr_actor", "lr_critic", "clip_coef", "clip_low", "clip_high", "value_clip", "vf_coef", "ent_coef",
+               "gamma", "gae_lambda", "beta", "update_epochs", "batch_size", "temperature", "top_p", "top_k",
+               "max_grad_norm")
 
     # ------------------------------------------------------------------ networks and optimizer
     def _init_extra_modules(self) -> None:
@@ -205,7 +206,6 @@ class LLMPPO(EpisodeAgent):
             old_logp = self.get_logprobs(ids, attn, start=first) if needs_old else None
             ref_logp = self.get_logprobs(ids, attn, use_reference=True, start=first) if c.beta > 0 else None
             token_adv, returns, _ = self._advantages(batch, old_values, vmask, token_level)
-        vclip = c.value_clip if c.value_clip is not None else c.clip_bounds()[1] - 1.0
 
         stats: dict[str, list[float]] = {k: [] for k in ("loss", "policy_loss", "value_loss", "entropy", "kl",
                                                          "clip_fraction", "grad_norm_actor", "grad_norm_critic")}
@@ -225,13 +225,13 @@ class LLMPPO(EpisodeAgent):
                     del logits
                     pg_loss, st = F.policy_loss_with_stats(
                         logp, old_logp[rows] if old_logp is not None else logp.detach(), token_adv[rows],
-                        sub.action_mask, loss_type="dapo", clip=c.clip_bounds(),
+                        sub.action_mask, loss_type="dapo", clip_low=c.clip_range()[0], clip_high=c.clip_range()[1],
                         ref_logp=ref_logp[rows] if ref_logp is not None else None, beta=c.beta)
                     actor_loss = pg_loss - c.ent_coef * entropy
                     zero.track(self.optimizer, actor_loss, "actor").backward()
                 # critic: clipped value loss
                 values, _ = self._state_values(self._token_values(sub.input_ids, sub.attention_mask), sub, token_level)
-                v_loss = F.value_loss(values, old_values[rows], returns[rows], vmask[rows], clip=vclip)
+                v_loss = F.value_loss(values, old_values[rows], returns[rows], vmask[rows], clip=c.value_clip)
                 zero.track(self.optimizer, c.vf_coef * v_loss, "critic").backward()
                 for name, norm in zip(("grad_norm_actor", "grad_norm_critic"), self.clip_and_step_groups()):
                     stats[name].append(norm)

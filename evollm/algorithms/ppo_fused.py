@@ -35,15 +35,6 @@ def value_adapter(agent) -> str:
     return agent.adapter_name("critic" if "critic" in agent.ROLES else "actor")
 
 
-def value_clip(agent) -> float | None:
-    """The member's value-loss clip range (None: unclipped)."""
-    fn = getattr(agent, "value_clip_range", None)
-    if callable(fn):
-        return fn()
-    c = agent.config
-    return c.value_clip if c.value_clip is not None else c.clip_bounds()[1] - 1.0
-
-
 def update_key(agent, rows: int) -> tuple:
     """Members with equal keys can share forward/backward passes."""
     c = agent.config
@@ -206,7 +197,7 @@ def _policy_loss(m: _Member, rows: torch.Tensor, sub: EpisodeBatch, logits: torc
         entropy = F.masked_mean(F.entropy_from_logits(logits), sub.action_mask)
     pg_loss, st = F.policy_loss_with_stats(
         logp, m.old_logp[rows] if m.old_logp is not None else logp.detach(), m.token_adv[rows], sub.action_mask,
-        loss_type="dapo", clip=c.clip_bounds(), ref_logp=m.ref_logp[rows] if m.ref_logp is not None else None,
+        loss_type="dapo", clip_low=c.clip_range()[0], clip_high=c.clip_range()[1], ref_logp=m.ref_logp[rows] if m.ref_logp is not None else None,
         beta=c.beta)
     loss = pg_loss - c.ent_coef * entropy
     s = m.stats
@@ -222,7 +213,7 @@ def _value_loss(m: _Member, rows: torch.Tensor, sub: EpisodeBatch, hidden: torch
     """``vf_coef`` * (clipped) value loss of one member's minibatch (added to its ``loss`` metric)."""
     a, c = m.agent, m.agent.config
     values, _ = a._state_values(_values(a, hidden), sub, m.token_level)
-    v_loss = F.value_loss(values, m.old_values[rows], m.returns[rows], m.vmask[rows], clip=value_clip(a))
+    v_loss = F.value_loss(values, m.old_values[rows], m.returns[rows], m.vmask[rows], clip=c.value_clip)
     m.stats["value_loss"].append(float(v_loss.detach()))
     m.stats["loss"][-1] += c.vf_coef * float(v_loss.detach())
     return c.vf_coef * v_loss

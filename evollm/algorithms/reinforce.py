@@ -35,7 +35,6 @@ class LLMREINFORCEConfig(AgentConfig):
 
     lr: float = 1e-4
     gamma: float = 1.0
-    clip_coef: float = 0.2
     update_epochs: int = 1
     batch_size: int = 8
     group_size: int = 1
@@ -50,9 +49,6 @@ class LLMREINFORCEConfig(AgentConfig):
                              f"{self.update_epochs}, {self.group_size}")
         if not 0.0 <= self.gamma <= 1.0:
             raise ValueError(f"gamma must be in [0, 1], got {self.gamma}")
-        lo, hi = self.clip_bounds()
-        if not 0 <= lo <= 1 <= hi:
-            raise ValueError(f"clip_coef={self.clip_coef!r} must give bounds lo <= 1 <= hi, got ({lo}, {hi})")
 
 
 class LLMREINFORCE(EpisodeAgent):
@@ -109,7 +105,7 @@ class LLMREINFORCE(EpisodeAgent):
                     # with old == current (first pass) the clipped surrogate's gradient is exactly -A * grad log pi
                     loss, st = F.policy_loss_with_stats(
                         logp, old_logp[rows] if old_logp is not None else logp.detach(), advantages[rows], mask[rows],
-                        loss_type="dapo", clip=c.clip_bounds(),
+                        loss_type="dapo", clip_low=c.clip_range()[0], clip_high=c.clip_range()[1],
                         ref_logp=ref_logp[rows] if ref_logp is not None else None, beta=c.beta)
                     stats["grad_norm"].append(self.optimizer_step(loss, params))
                     stats["loss"].append(float(loss.detach()))

@@ -70,18 +70,38 @@ def train(config_path: str, overrides: list[str] | None = None, quiet: bool = Fa
 
     dist.init()  # under `accelerate launch`: one process per device, the population on each
     cfg = RunConfig.from_yaml(config_path, overrides)  # every setting is checked before any model is built
+    if cfg.env.type == "reasoning":  # a reward module or file, found from the config's folder or here, remembered
+        from evollm.tasks.reward_spec import locate_reward
+        cfg.task.reward = locate_reward(cfg.task.reward, [Path(config_path).resolve().parent, Path.cwd()])
     out = Path(cfg.output_dir)
-    if dist.is_main_process():  # only the main process writes the run directory
+    main = dist.is_main_process()
+    if main:  # only the main process writes the run directory
         prepare_output_dir(out, overwrite)
         out.mkdir(parents=True, exist_ok=True)
         write_json(out / RUN_CONFIG, cfg.to_dict(explicit=True))
-    return run(cfg, resume=False, quiet=quiet)
+    try:
+        return run(cfg, resume=False, quiet=quiet)
+    except Exception:
+        if main:
+            forget_failed_start(out)
+        raise
+
+
+def forget_failed_start(out: Path) -> bool:
+    """A run that failed before its first step (a bad reward, dataset or template found while starting)
+    leaves no "previous run" behind, so the corrected command runs without --overwrite. Returns whether
+    the run directory was removed (it holds no checkpoint and no step's metrics)."""
+    if not out.is_dir() or (out / "metrics.csv").exists() or any((out / "checkpoints").glob("step_*")):
+        return False
+    shutil.rmtree(out, ignore_errors=True)
+    return True
 
 
 def resume(run_dir: str, overrides: list[str] | None = None, quiet: bool = False) -> dict:
-    """``evollm resume RUN_DIR``: continue a run from its newest valid checkpoint. Only
-    ``train.max_steps`` may change (to extend a run)."""
+    """``evollm resume RUN_DIR``: continue a run from its newest valid checkpoint. Only the budget,
+    the evaluation/checkpoint intervals and logging may change (:data:`evollm.config.schema.RESUME_SETTABLE`)."""
     from evollm.config import RunConfig, apply_override
+    from evollm.config.schema import check_resume_override
 
     out = Path(run_dir)
     if not out.is_dir():
@@ -94,9 +114,7 @@ def resume(run_dir: str, overrides: list[str] | None = None, quiet: bool = False
     except ValueError as e:
         raise ConfigError(f"{out / RUN_CONFIG} is not valid JSON ({e})") from e
     for item in overrides or []:
-        if not item.startswith("train.max_steps="):
-            raise ConfigError(f"--set {item!r}: only train.max_steps can change when resuming (the rest would "
-                              "make it another run)")
+        check_resume_override(item)  # the budget, evaluation/checkpoint intervals and logging may change
         apply_override(data, item)
     data["output_dir"] = str(out)
     cfg = RunConfig.from_dict(data)
@@ -109,7 +127,8 @@ def run(cfg, resume: bool, quiet: bool = False) -> dict:
     ``output_dir/checkpoints``), and write the report, lineage, plots and the best member."""
     import torch
 
-    from evollm.recipes.builders import build_hpo, build_model
+    from evollm.recipes.builders import build_hpo, build_model, build_task
+    from evollm.tasks.user import check_task
 
     dist.init()
     main = dist.is_main_process()
@@ -123,6 +142,10 @@ def run(cfg, resume: bool, quiet: bool = False) -> dict:
     if main:  # only the main process writes the run directory
         write_json(out / "config.json", cfg.to_dict())
     t0 = time.perf_counter()
+    task = None
+    if cfg.env.type == "reasoning":  # dataset, columns, template and reward: checked before the model loads
+        task = build_task(cfg.task, cfg.seed)
+        check_task(*task)
     model, tokenizer = build_model(cfg.model, cfg.seed, cfg.task.name)
     if dist.is_distributed():
         model.to(dist.device())
@@ -141,7 +164,8 @@ def run(cfg, resume: bool, quiet: bool = False) -> dict:
     runner = {"reasoning": "run_reasoning", "multiturn": "run_multiturn", "team": "run_team"}.get(env_type)
     if runner is None:
         raise ValueError(f"env.type={env_type!r} is not valid; choose one of ['reasoning', 'multiturn', 'team']")
-    result = getattr(runners, runner)(cfg, members, tokenizer, settings, selection, mutation, callbacks)
+    extra = {"task": task} if env_type == "reasoning" else {}
+    result = getattr(runners, runner)(cfg, members, tokenizer, settings, selection, mutation, callbacks, **extra)
     agents, population = result["agents"], result["population"]
     result["num_processes"] = dist.num_processes()
     if not main:
@@ -166,7 +190,9 @@ def run(cfg, resume: bool, quiet: bool = False) -> dict:
     return summary
 
 
-USER_ERRORS = (ConfigError, ValueError, TypeError, KeyError, OSError)
+from evollm.envs.reward_call import RewardFunctionError  # noqa: E402  (a user's reward that failed)
+
+USER_ERRORS = (ConfigError, ValueError, TypeError, KeyError, OSError, RewardFunctionError)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -180,7 +206,9 @@ def main(argv: list[str] | None = None) -> int:
     p_resume.add_argument("run_dir")
     for p in (p_train, p_resume):
         p.add_argument("--set", dest="overrides", action="append", default=[],
-                       help="override a config value, e.g. --set train.max_steps=10 (resume: only train.max_steps)")
+                       help="override a config value, e.g. --set train.max_steps=10; KEY=null removes a section "
+                            "(resume: train.max_steps/max_time/evaluation_interval/checkpoint_every/"
+                            "keep_checkpoints and logging.*)")
         p.add_argument("--quiet", action="store_true", help="no progress bar")
         p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                        help="show the full traceback of an error")
@@ -196,6 +224,9 @@ def main(argv: list[str] | None = None) -> int:
     from evollm.run import RunInterrupted
 
     hf_logging.disable_progress_bar()
+    import datasets
+
+    datasets.disable_progress_bars()  # "Generating train split" bars of a user's dataset file
     run_dir = getattr(args, "run_dir", None)
     try:
         if args.command == "train":

@@ -24,10 +24,12 @@ from ..training.multiturn import EVAL_SEED_OFFSET, evaluate_episodes, finetune_l
 from .builders import build_task
 
 
-def run_reasoning(cfg, members, tokenizer, settings: LoopSettings, selection, mutation, callbacks) -> dict:
+def run_reasoning(cfg, members, tokenizer, settings: LoopSettings, selection, mutation, callbacks,
+                  task=None) -> dict:
     """What ``evollm train`` runs for ``env.type: reasoning``: measure the warm start on the fixed test
-    questions, train, and return ``{agents, population, initial_fitness, final_fitness}``."""
-    train_ds, test_ds, reward_fn, template = build_task(cfg.task, cfg.seed)
+    questions, train, and return ``{agents, population, initial_fitness, final_fitness}``. ``task``: the
+    task's parts when the recipe built them already."""
+    train_ds, test_ds, reward_fn, template = task if task is not None else build_task(cfg.task, cfg.seed)
     # data_batch_size_per_gpu is per process: the env yields the global batch, each process its share
     env = ReasoningGym(train_ds, test_ds, tokenizer, reward_fn, template, seed=cfg.seed,
                        data_batch_size_per_gpu=cfg.env.data_batch_size_per_gpu * dist.num_processes(),

@@ -58,7 +58,8 @@ def evolve(pop: Sequence, train_step: Callable[[list, int], dict[int, dict]],
     ``settings`` (:class:`~evollm.training.settings.LoopSettings`, or its fields as keywords) holds every
     option. ``callbacks`` (:class:`~evollm.training.callbacks.Callback`) are called at every step,
     evaluation, selection and at the end. The run stops early, after a final evaluation, once
-    ``max_time`` seconds have passed, or after an evaluation whose best fitness reaches ``max_reward``.
+    ``max_time`` seconds have passed, or after an evaluation whose best fitness reaches ``max_reward``;
+    ``divergence`` sets when a member with finite but blown-up weights, KL or loss is quarantined.
     (``checkpoint_dir`` and its options are read by the drivers, which add the checkpointing callback.)"""
     s = loop_settings(settings, options, "evolve")
     validate_settings(pop, s, tournament, mutation)
@@ -85,7 +86,7 @@ def evolve(pop: Sequence, train_step: Callable[[list, int], dict[int, dict]],
             m = metrics.get(agent.index, {})
             agent.record_score(m.get("mean_reward", math.nan))
             since_eval.setdefault(agent.index, []).append(m.get("mean_reward", math.nan))
-        check_members(agents, metrics, step + 1, log)
+        check_members(agents, metrics, step + 1, log, s.divergence)
         done = step + 1
         state.step, state.agents = done, agents
         call(callbacks, "on_step_end", state, metrics)

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .quarantine import DivergenceLimits
+
 
 def _opt(default: Any, help: str) -> Any:
     return field(default=default, metadata={"help": help})
@@ -51,6 +53,8 @@ class LoopSettings:
                                    "config); never read by the loop.")
     seed: int = _opt(0, "Seed of the loop: torch is seeded with seed + step before every step.")
     verbose: bool = _opt(True, "Progress bar and one line per evaluation.")
+    divergence: DivergenceLimits | None = _opt(None, "When a member with finite but blown-up weights, KL or loss "
+                                               "is quarantined (DivergenceLimits); None: the default limits.")
 
     def __post_init__(self) -> None:
         self.validate()
