@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar, Sequence
 
 import torch
@@ -26,6 +26,7 @@ from ..rollout import SamplingConfig, collate_prompts, eos_ids, forward_logprobs
 from ..rollout.sampling import check_extra
 from .clip import CLIP_NAMES, check_clip, clip_range, get_clip, set_clip
 from .member import Member
+from ..utils.fields import documented
 
 _NO_ZERO = ("does not support DeepSpeed ZeRO: its optimizer is not built with evollm.parallel.zero.wrap; launch it without "
             "a DeepSpeed config")
@@ -48,33 +49,44 @@ class AgentConfig:
       dropout and the base model's own), so the importance ratio is exactly 1 before an update.
     """
 
-    lr: float = 5e-5
-    batch_size: int = 16
-    update_epochs: int = 1
-    max_grad_norm: float | None = 1.0
-    beta: float = 0.0
-    #: alias of the clip offsets: a float ``c`` sets ``clip_low = clip_high = c``; a tuple ``(a, b)`` sets
-    #: ``clip_low = a``, ``clip_high = b`` (offsets, as TRL's epsilon / epsilon_high); None: the default
-    clip_coef: float | tuple[float, float] | None = 0.2
-    #: lower clip offset: ratio >= ``1 - clip_low``; ``None``: from ``clip_coef`` (wins over it when set)
-    clip_low: float | None = None
-    #: upper clip offset: ratio <= ``1 + clip_high`` (DAPO's clip-higher); ``None``: from ``clip_coef``
-    clip_high: float | None = None
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    max_output_tokens: int = 32
-    max_model_len: int | None = None
-    logprob_chunk_rows: int | None = None  # None: as many rows as fit logits_budget_mb
-    logits_budget_mb: float = 256.0  # memory one forward's logits (and a fused learn pass's activations) may take
-    #: members per fused learn pass; None: one by one, unless a member's activations are small (below half its
-    #: adapter + Adam state, or < 16 MiB), then as many as fit logits_budget_mb (see grpo.member_chunks)
-    learn_chunk_members: int | None = None
-    weight_decay: float = 0.0
-    seed: int = 42
-    stop_strings: tuple[str, ...] = ()
-    generation_overrides: dict = field(default_factory=dict)
-    disable_dropout: bool = True
+    lr: float = documented(5e-5, "AdamW learning rate of the member's adapter.")
+    batch_size: int = documented(16, "Rows (completions or episodes) per minibatch of an update.")
+    update_epochs: int = documented(1, "Passes over the step's experience per update.")
+    max_grad_norm: float | None = documented(1.0, "Gradient norm clip per optimizer step; None: no clipping.")
+    beta: float = documented(0.0, "Weight of the k3 KL penalty to the reference policy (the base with every adapter "
+                             "disabled); 0: no reference forward runs.")
+    clip_coef: float | tuple[float, float] | None = documented(
+        0.2, "Alias of the clip offsets: a float c sets clip_low = clip_high = c; a tuple (a, b) sets clip_low = a, "
+        "clip_high = b (offsets, as TRL's epsilon / epsilon_high); None: the algorithm's default.")
+    clip_low: float | None = documented(None, "Lower clip offset: the importance ratio is kept >= 1 - clip_low; "
+                                        "None: from clip_coef (wins over it when set).")
+    clip_high: float | None = documented(None, "Upper clip offset: the ratio is kept <= 1 + clip_high (DAPO's "
+                                         "clip-higher); None: from clip_coef (wins over it when set).")
+    temperature: float = documented(1.0, "Sampling temperature; the loss scores log_softmax(logits / temperature), "
+                                    "so the sampled policy is the trained one.")
+    top_p: float = documented(1.0, "Nucleus sampling; 1.0: off. An opt-in that warns: the loss does not model the "
+                              "truncation.")
+    top_k: int = documented(0, "Top-k sampling; 0: off. An opt-in that warns: the loss does not model the "
+                            "truncation.")
+    max_output_tokens: int = documented(32, "Longest completion (new tokens) per sample.")
+    max_model_len: int | None = documented(None, "Longest prompt + completion the member may see; None: no limit.")
+    logprob_chunk_rows: int | None = documented(None, "Rows per log-prob forward; None: as many as fit "
+                                                "logits_budget_mb.")
+    logits_budget_mb: float = documented(256.0, "Memory (MiB) one forward's logits, and a fused learn pass's "
+                                         "activations, may take.")
+    learn_chunk_members: int | None = documented(
+        None, "Members per fused learn pass; None: one by one, unless a member's activations are small (below half "
+        "its adapter + Adam state, or < 16 MiB), then as many as fit logits_budget_mb.")
+    weight_decay: float = documented(0.0, "AdamW weight decay.")
+    seed: int = documented(42, "Seed of the member's own randomness (minibatch shuffling).")
+    stop_strings: tuple[str, ...] = documented((), "Strings that end a completion like an eos (needs tokenizer= on "
+                                               "the member).")
+    generation_overrides: dict = documented({}, "Other transformers.GenerationConfig fields (e.g. "
+                                            "{'repetition_penalty': 1.1}); an opt-in that warns: the loss does not "
+                                            "model them.")
+    disable_dropout: bool = documented(True, "Every forward that samples or feeds a loss runs with dropout off (LoRA "
+                                       "dropout and the base model's own), so the ratio is exactly 1 before an "
+                                       "update.")
 
     def validate(self) -> None:
         """Reject values no run can use (one line naming the field); subclasses call this first."""
@@ -238,8 +250,13 @@ class LLMAgent(Member):
         self.optimizer = self._build_optimizer()
 
     # ------------------------------------------------------------------ hyperparameters
+    @classmethod
+    def evolvable_names(cls, config=None) -> tuple[str, ...]:
+        """Hyperparameter names a member of this class can evolve (``lora_rank`` included)."""
+        return tuple(cls.MUTABLE) + ("lora_rank",)
+
     def mutable_hyperparameters(self) -> tuple[str, ...]:
-        return tuple(self.MUTABLE) + ("lora_rank",)
+        return self.evolvable_names(self.config)
 
     def get_hyperparameter(self, name: str):
         if name == "lora_rank":

@@ -23,7 +23,7 @@ import copy
 import dataclasses
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Sequence
 
@@ -32,6 +32,7 @@ import torch
 from evollm.parallel import zero
 from .base import build_config
 from .member import Member
+from ..utils.fields import documented
 from .ppo import LLMPPO, LLMPPOConfig
 from .ppo_fused import learn_grouped
 from ..rollout import SamplingConfig
@@ -58,40 +59,43 @@ AGENT_MUTABLE: tuple[str, ...] = ("actor_learning_rate", "critic_learning_rate",
 class IPPOConfig:
     """Settings of an IPPO team (CoMLRL's ``IPPOConfig`` names where they exist)."""
 
-    num_agents: int = 2  #: agents per team
-    num_turns: int = 1  #: rounds per episode; from round 2 on each agent sees the others' previous replies
-    actor_learning_rate: float = 1e-4  #: AdamW lr of each actor adapter
-    critic_learning_rate: float | None = None  #: lr of each critic adapter + value head (None: the actor's)
-    weight_decay: float = 0.0  #: AdamW weight decay
-    adam_beta1: float = 0.9  #: AdamW beta1
-    adam_beta2: float = 0.999  #: AdamW beta2
-    adam_epsilon: float = 1e-8  #: AdamW epsilon
-    max_grad_norm: float | None = 1.0  #: gradient clipping per agent and param group (None: off)
-    rollout_buffer_size: int = 32  #: episodes (dataset rows) each team plays before an update
-    mini_batch_size: int = 8  #: episodes per PPO minibatch
-    ppo_epochs: int = 2  #: passes over the buffer per update
-    clip_coef: float | None = 0.2  #: PPO ratio clip (1 +- clip_coef); None: no clipping
-    value_clip_range: float | None = 0.2  #: value-loss clip around the old values; None: unclipped
-    value_loss_coef: float = 0.5  #: weight of the value loss
-    entropy_coef: float = 0.0  #: weight of the entropy bonus
-    advantage_normalization: bool = True  #: whiten advantages per agent and update
-    gamma: float = 1.0  #: discount across turns
-    gae_lambda: float = 0.95  #: GAE lambda across turns
-    max_new_tokens: int = 32  #: longest reply per turn
-    temperature: float = 1.0  #: sampling temperature (the trained policy is the sampled one)
-    top_p: float = 1.0  #: nucleus sampling
-    top_k: int = 0  #: top-k sampling (0: off)
-    do_sample: bool = True  #: sample in training rollouts (evaluation is always greedy)
-    use_separate_critic: bool = True  #: critic LoRA adapter + value head per agent; False: value head on the actor
-    value_head_hidden_dim: int | None = None  #: hidden width of the value head on the actor (None: linear)
-    critic_value_head_hidden_dim: int | None = None  #: hidden width of the separate critic's value head
-    beta: float = 0.0  #: k3 KL penalty to the base model (adapters disabled)
-    max_model_len: int | None = 256  #: longest conversation an agent may see
-    seed: int = 42  #: seed of minibatch shuffling
-    agent_overrides: list[dict] = field(default_factory=list)  #: per-agent settings, e.g. [{}, {"temperature": 0.8}]
-    output_dir: str = "runs/ippo"  #: where IPPOTrainer writes the report and the best team
-    num_train_epochs: float = 1.0  #: IPPOTrainer: passes over train_dataset when max_steps is not given
-    eval_interval: int = 10  #: IPPOTrainer: updates between evaluations on the fixed eval set
+    num_agents: int = documented(2, "Agents per team.")
+    num_turns: int = documented(1, "Rounds per episode; from round 2 on each agent sees the others' previous replies.")
+    actor_learning_rate: float = documented(1e-4, "AdamW learning rate of each actor adapter.")
+    critic_learning_rate: float | None = documented(None, "Learning rate of each critic adapter + value head (None: "
+                                                    "the actor's).")
+    weight_decay: float = documented(0.0, "AdamW weight decay.")
+    adam_beta1: float = documented(0.9, "AdamW beta1.")
+    adam_beta2: float = documented(0.999, "AdamW beta2.")
+    adam_epsilon: float = documented(1e-8, "AdamW epsilon.")
+    max_grad_norm: float | None = documented(1.0, "Gradient clipping per agent and param group (None: off).")
+    rollout_buffer_size: int = documented(32, "Episodes (dataset rows) each team plays before an update.")
+    mini_batch_size: int = documented(8, "Episodes per PPO minibatch.")
+    ppo_epochs: int = documented(2, "Passes over the buffer per update.")
+    clip_coef: float | None = documented(0.2, "PPO ratio clip (1 +- clip_coef); None: no clipping.")
+    value_clip_range: float | None = documented(0.2, "Value-loss clip around the old values; None: unclipped.")
+    value_loss_coef: float = documented(0.5, "Weight of the value loss.")
+    entropy_coef: float = documented(0.0, "Weight of the entropy bonus.")
+    advantage_normalization: bool = documented(True, "Whiten advantages per agent and update.")
+    gamma: float = documented(1.0, "Discount across turns.")
+    gae_lambda: float = documented(0.95, "GAE lambda across turns.")
+    max_new_tokens: int = documented(32, "Longest reply per turn.")
+    temperature: float = documented(1.0, "Sampling temperature (the trained policy is the sampled one).")
+    top_p: float = documented(1.0, "Nucleus sampling.")
+    top_k: int = documented(0, "Top-k sampling (0: off).")
+    do_sample: bool = documented(True, "Sample in training rollouts (evaluation is always greedy).")
+    use_separate_critic: bool = documented(True, "Critic LoRA adapter + value head per agent; False: a value head "
+                                           "on the actor.")
+    value_head_hidden_dim: int | None = documented(None, "Hidden width of the value head on the actor (None: linear).")
+    critic_value_head_hidden_dim: int | None = documented(None, "Hidden width of the separate critic's value head.")
+    beta: float = documented(0.0, "Weight of the k3 KL penalty to the base model (adapters disabled).")
+    max_model_len: int | None = documented(256, "Longest conversation an agent may see.")
+    seed: int = documented(42, "Seed of minibatch shuffling.")
+    agent_overrides: list[dict] = documented(default_factory=list,
+                                             help="Per-agent settings, e.g. [{}, {'temperature': 0.8}].")
+    output_dir: str = documented("runs/ippo", "Where IPPOTrainer writes the report and the best team.")
+    num_train_epochs: float = documented(1.0, "IPPOTrainer: passes over train_dataset when max_steps is not given.")
+    eval_interval: int = documented(10, "IPPOTrainer: updates between evaluations on the fixed eval set.")
 
     def validate(self) -> None:
         if self.num_agents < 1 or self.num_turns < 1:
@@ -121,14 +125,15 @@ class IPPOConfig:
 
 @dataclass
 class IPPOAgentConfig(LLMPPOConfig):
-    """One agent's PPO settings (LLMPPO's, plus the IPPO ones)."""
+    """One agent's PPO settings (LLMPPO's, plus the IPPO ones; set through :class:`IPPOConfig`)."""
 
-    use_separate_critic: bool = True
-    value_head_hidden_dim: int | None = None
-    do_sample: bool = True
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.999
-    adam_epsilon: float = 1e-8
+    use_separate_critic: bool = documented(True, "Critic LoRA adapter + value head per agent; False: a value head "
+                                           "on the actor.")
+    value_head_hidden_dim: int | None = documented(None, "Hidden width of the value head (None: linear).")
+    do_sample: bool = documented(True, "Sample in training rollouts (evaluation is always greedy).")
+    adam_beta1: float = documented(0.9, "AdamW beta1.")
+    adam_beta2: float = documented(0.999, "AdamW beta2.")
+    adam_epsilon: float = documented(1e-8, "AdamW epsilon.")
 
     def default_clip(self) -> tuple[float, float]:
         """A team's ``clip_coef=None``: the ratio is never clipped (offsets 1 and inf)."""

@@ -136,6 +136,12 @@ class Member:
         """What :meth:`release` gives back (a subclass's adapters, optimizers, engines)."""
         raise NotImplementedError
 
+    # ------------------------------------------------------------------ hyperparameters
+    @classmethod
+    def evolvable_names(cls, config=None) -> tuple[str, ...]:
+        """Hyperparameter names a member of this class (with ``config``) can evolve."""
+        raise NotImplementedError
+
     # ------------------------------------------------------------------ parameters
     def trainable_parameters(self) -> list[torch.Tensor]:
         """Every tensor the member trains (checked for non-finite values after each learn step)."""

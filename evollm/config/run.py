@@ -15,7 +15,8 @@ Sections (all optional except ``algorithm``)::
     train:     {max_steps: 60, evaluation_interval: 10, evo_steps: 20, checkpoint_every: 10}
     logging:   {tensorboard: true, wandb: false, mlflow: false, plots: true}
 
-Every field below is documented in place; ``evollm.config.describe_config()`` prints them all.
+Every field below is documented in place; ``evollm.config.describe_config()`` prints them all (and every
+algorithm's hyperparameters).
 To add a setting, add one ``name: type = option(default, "help", ...)`` line to its section.
 """
 
@@ -30,7 +31,7 @@ from typing import Any
 
 from evollm.config.hpo import HPOSection
 from evollm.config.schema import (
-    ConfigError, Section, apply_override, check_no_effect, coerce, did_you_mean, document, option,
+    ConfigError, Section, apply_override, check_no_effect, coerce, did_you_mean, option,
     read_yaml, resolve_paths, unknown_key_error,
 )
 
@@ -518,11 +519,4 @@ class RunConfig(Section):
 
 
 def _evolvable(alg: "AlgorithmSection") -> list[str]:
-    cls = algorithm_class(alg.name)
-    return (list(cls.evolvable_names(alg.agent_config())) if hasattr(cls, "evolvable_names")
-            else [*cls.MUTABLE, "lora_rank"])
-
-
-def describe_config() -> str:
-    """Every setting of a run config with its default and help text, one line each."""
-    return document(RunConfig)
+    return list(algorithm_class(alg.name).evolvable_names(alg.agent_config()))
