@@ -25,7 +25,7 @@ from evollm.parallel.distributed import all_reduce_gradients
 from ..rollout import SamplingConfig, collate_prompts, eos_ids, forward_logprobs
 from ..rollout.sampling import check_extra
 from .clip import CLIP_NAMES, check_clip, clip_range, get_clip, set_clip
-from .member import Member
+from .member import Member, MutationHookError  # noqa: F401  (MutationHookError re-exported)
 from ..utils.fields import documented
 
 _NO_ZERO = ("does not support DeepSpeed ZeRO: its optimizer is not built with evollm.parallel.zero.wrap; launch it without "

@@ -177,7 +177,7 @@ class IPPOAgent(LLMPPO):
 
     def _token_values(self, ids: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         from .ppo_fused import _forward, _values, value_adapter
-        hidden = _forward([self], [value_adapter(self)], ids, attn, torch.is_grad_enabled(), True)[1]
+        hidden = _forward([self], [value_adapter(self)], ids, attn, torch.is_grad_enabled(), True, logits=False)[1]
         return _values(self, hidden)
 
     def sampling_config(self, training: bool = True, group_size: int = 1) -> SamplingConfig:

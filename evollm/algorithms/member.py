@@ -27,6 +27,10 @@ from typing import Any, Callable, ClassVar
 import torch
 
 
+class MutationHookError(ValueError):
+    """A user's mutation hook raised (the message names the hook and the member)."""
+
+
 class Member:
     """Base of every population member (see the module docstring)."""
 
@@ -109,7 +113,12 @@ class Member:
 
     def run_mutation_hooks(self) -> None:
         for hook in self.mutation_hooks:
-            hook(self)
+            try:
+                hook(self)
+            except Exception as e:  # noqa: BLE001 - re-raised naming the hook and the member
+                name = getattr(hook, "__qualname__", None) or type(hook).__name__
+                raise MutationHookError(f"mutation hook {name} raised {type(e).__name__}: {e} on member "
+                                        f"{self.index}") from e
 
     # ------------------------------------------------------------------ clones and release
     def _start_clone(self, new: "Member") -> "Member":

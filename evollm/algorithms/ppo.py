@@ -31,7 +31,7 @@ import torch
 from .. import functional as F
 from evollm.parallel import zero
 from evollm.parallel.distributed import all_reduce_gradients
-from ..rollout import first_target, loss_forward, position_ids_from_mask
+from ..rollout import action_start, first_target, forward_logits, loss_forward
 from .base import AgentConfig
 from ..utils.fields import documented
 from .multiturn_rollout import (EpisodeAgent, EpisodeBatch, episode_batch, last_token_of_turn, pack_actions,
@@ -131,15 +131,16 @@ class LLMPPO(EpisodeAgent):
             self._set_group_lr("critic", value)
 
     # ------------------------------------------------------------------ critic
-    def _token_values(self, ids: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+    def _token_values(self, ids: torch.Tensor, attn: torch.Tensor, first: int = 0) -> torch.Tensor:
         """``[B, L-1]`` critic values; position ``t`` is the value of the prefix ``ids[:, :t+1]`` (the state
-        from which ``ids[:, t+1]`` is generated). Gradients flow when called with grad enabled."""
+        from which ``ids[:, t+1]`` is generated), from column ``first`` on (0 before it: the columns no action
+        reads; the prompt runs once per group, see :func:`evollm.rollout.forward_logits`, and the output head
+        not at all). Gradients flow when called with grad enabled."""
         with loss_forward(self.shared, self.adapter_name("critic"), torch.is_grad_enabled(),
                           self.config.disable_dropout) as model:
-            out = model(input_ids=ids, attention_mask=attn, position_ids=position_ids_from_mask(attn),
-                        use_cache=False, output_hidden_states=True)
-            hidden = out.hidden_states[-1][:, :-1]
-        return self.value_head(hidden.to(self.value_head.weight.dtype)).squeeze(-1)
+            hidden = forward_logits(model, ids, attn, first, head=False)[1]
+        values = self.value_head(hidden.to(self.value_head.weight.dtype)).squeeze(-1)
+        return torch.nn.functional.pad(values, (first, 0))
 
     def get_values(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         """``[B, L-1]`` critic values of every prefix (see :meth:`_token_values`). No gradients."""
@@ -207,14 +208,16 @@ class LLMPPO(EpisodeAgent):
         n = ids.shape[0]
         needs_old = c.update_epochs > 1 or c.batch_size < n
         with torch.no_grad():
-            old_values, vmask = self._state_values(self._token_values(ids, attn), batch, token_level)
             first = first_target(mask)  # the loss reads no column before the first action token
+            old_values, vmask = self._state_values(self._token_values(ids, attn, action_start(mask)), batch,
+                                                   token_level)
             old_logp = self.get_logprobs(ids, attn, start=first) if needs_old else None
             ref_logp = self.get_logprobs(ids, attn, use_reference=True, start=first) if c.beta > 0 else None
             token_adv, returns, _ = self._advantages(batch, old_values, vmask, token_level)
 
         stats: dict[str, list[float]] = {k: [] for k in ("loss", "policy_loss", "value_loss", "entropy", "kl",
-                                                         "clip_fraction", "grad_norm_actor", "grad_norm_critic")}
+                                                         "clip_fraction", "grad_norm_actor", "grad_norm_critic",
+                                                         "shared_prompt")}
         gen = torch.Generator().manual_seed(c.seed + self.steps)
         for _ in range(c.update_epochs):
             order = torch.randperm(n, generator=gen)
@@ -224,11 +227,10 @@ class LLMPPO(EpisodeAgent):
                 self.optimizer.zero_grad(set_to_none=True)
                 # actor: clipped policy loss (+ KL) - entropy bonus
                 with loss_forward(self.shared, self.adapter_name("actor"), True, c.disable_dropout) as model:
-                    logits = self._forward_logits(model, sub.input_ids, sub.attention_mask)
-                    logp = F.token_logprobs(logits, sub.input_ids[:, 1:])
-                    with torch.set_grad_enabled(c.ent_coef != 0):
-                        entropy = F.masked_mean(F.entropy_from_logits(logits), sub.action_mask)
-                    del logits
+                    info: dict = {}
+                    logp, entropy = self._policy_forward(model, sub.input_ids, sub.attention_mask, sub.action_mask,
+                                                         c.ent_coef != 0, info)
+                    entropy = F.masked_mean(entropy, sub.action_mask)
                     pg_loss, st = F.policy_loss_with_stats(
                         logp, old_logp[rows] if old_logp is not None else logp.detach(), token_adv[rows],
                         sub.action_mask, loss_type="dapo", clip_low=c.clip_range()[0], clip_high=c.clip_range()[1],
@@ -236,7 +238,8 @@ class LLMPPO(EpisodeAgent):
                     actor_loss = pg_loss - c.ent_coef * entropy
                     zero.track(self.optimizer, actor_loss, "actor").backward()
                 # critic: clipped value loss
-                values, _ = self._state_values(self._token_values(sub.input_ids, sub.attention_mask), sub, token_level)
+                values, _ = self._state_values(self._token_values(sub.input_ids, sub.attention_mask,
+                                                                  action_start(sub.action_mask)), sub, token_level)
                 v_loss = F.value_loss(values, old_values[rows], returns[rows], vmask[rows], clip=c.value_clip)
                 zero.track(self.optimizer, c.vf_coef * v_loss, "critic").backward()
                 for name, norm in zip(("grad_norm_actor", "grad_norm_critic"), self.clip_and_step_groups()):
@@ -247,6 +250,7 @@ class LLMPPO(EpisodeAgent):
                 stats["entropy"].append(float(entropy.detach()))
                 stats["kl"].append(st["kl"])
                 stats["clip_fraction"].append(st["clip_fraction"])
+                stats["shared_prompt"].append(info["shared_prompt"])
         self.steps += 1
         metrics = {k: sum(v) / len(v) for k, v in stats.items()}
         episode_returns = batch.episode_returns()

@@ -93,18 +93,17 @@ class LLMREINFORCE(EpisodeAgent):
         ref_logp = self.get_logprobs(ids, attn, use_reference=True, start=first) if c.beta > 0 else None
         params = self.shared.parameters(self.adapter_name("actor"))
 
-        stats: dict[str, list[float]] = {k: [] for k in ("loss", "kl", "clip_fraction", "entropy", "grad_norm")}
+        stats: dict[str, list[float]] = {k: [] for k in ("loss", "kl", "clip_fraction", "entropy", "grad_norm",
+                                                         "shared_prompt")}
         gen = torch.Generator().manual_seed(c.seed + self.steps)
         with loss_forward(self.shared, self.adapter_name("actor"), True, c.disable_dropout) as model:
             for _ in range(c.update_epochs):
                 order = torch.randperm(n, generator=gen)
                 for start in range(0, n, c.batch_size):
                     rows = order[start:start + c.batch_size].to(dev)
-                    logits = self._forward_logits(model, ids[rows], attn[rows])
-                    logp = F.token_logprobs(logits, ids[rows][:, 1:])
-                    with torch.no_grad():
-                        entropy = F.masked_mean(F.entropy_from_logits(logits), mask[rows])
-                    del logits
+                    info: dict = {}
+                    logp, entropy = self._policy_forward(model, ids[rows], attn[rows], mask[rows], info=info)
+                    entropy = F.masked_mean(entropy, mask[rows])
                     # with old == current (first pass) the clipped surrogate's gradient is exactly -A * grad log pi
                     loss, st = F.policy_loss_with_stats(
                         logp, old_logp[rows] if old_logp is not None else logp.detach(), advantages[rows], mask[rows],
@@ -115,6 +114,7 @@ class LLMREINFORCE(EpisodeAgent):
                     stats["kl"].append(st["kl"])
                     stats["clip_fraction"].append(st["clip_fraction"])
                     stats["entropy"].append(float(entropy))
+                    stats["shared_prompt"].append(info["shared_prompt"])
         self.steps += 1
         metrics = {k: sum(v) / len(v) for k, v in stats.items()}
         returns = batch.episode_returns()

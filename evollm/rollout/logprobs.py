@@ -12,7 +12,7 @@ import torch
 
 from ..adapters.routing import ROUTED, batch_path, routed
 from ..adapters.shared import checkpointing
-from ..functional import token_logprobs
+from ..functional import entropy_from_logits, token_logprobs
 from .prefix import prefix_plan, reentrant_checkpointing, shared_forward, shared_prompt_support, worth_sharing
 from .tokens import position_ids_from_mask
 
@@ -71,14 +71,15 @@ def forward_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tenso
 
 
 def forward_logits(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, first: int, hidden: bool = False,
-                   blocks: int = 1, shared_prompt: bool | None = None):
+                   blocks: int = 1, shared_prompt: bool | None = None, head: bool = True):
     """``(logits, hidden, shared)``: the next-token logits of positions ``[first, L-1)`` (``[B, L-1-first, V]``,
     predicting ``input_ids[:, first+1:]``), with ``hidden`` the last hidden layer there (else None), and
     whether the rows' prefixes ``[:, :first]`` were computed once per distinct prefix (per block of
     ``blocks`` equal row blocks, each through its own adapter) and the rest run against their keys and
     values (:mod:`evollm.rollout.prefix`). ``shared_prompt``: None shares where the model supports it and
     it saves enough (:func:`~evollm.rollout.prefix.worth_sharing`), True wherever supported, False never.
-    Gradients flow when called with grad enabled (into the shared prefix too)."""
+    Without ``head`` (a critic) the output head does not run: logits are None and the hidden layer is
+    returned. Gradients flow when called with grad enabled (into the shared prefix too)."""
     positions = position_ids_from_mask(attention_mask)
     plan = None
     if (first >= 1 and shared_prompt is not False and shared_prompt_support(model) is None
@@ -87,14 +88,49 @@ def forward_logits(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
         if not (shared_prompt or worth_sharing(model, plan, first)):
             plan = None
     if plan is not None:
-        logits, states = shared_forward(model, input_ids, attention_mask, positions, first, plan, hidden)
-        return logits[:, :-1], (states[:, :-1] if hidden else None), True
+        logits, states = shared_forward(model, input_ids, attention_mask, positions, first, plan, hidden or not head,
+                                        head)
+        return (logits[:, :-1] if head else None), (states[:, :-1] if hidden or not head else None), True
+    if not head:
+        decoder = (model.get_base_model() if hasattr(model, "get_base_model") else model).get_decoder()
+        states = decoder(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions,
+                         use_cache=False).last_hidden_state
+        return None, states[:, first:-1], False
     keep = input_ids.shape[1] - first
     extra = {"logits_to_keep": keep} if first and _takes_logits_to_keep(model) else {}
     with _contiguous_head_input(model, bool(extra)):
         out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, use_cache=False,
                     output_hidden_states=hidden, **extra)
     return out.logits[:, -keep:-1], (out.hidden_states[-1][:, first:-1] if hidden else None), False
+
+
+def policy_forward(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, first: int,
+                   temperature: float = 1.0, entropy_grad: bool = False, hidden: bool = False, blocks: int = 1,
+                   info: dict | None = None, shared_prompt: bool | None = None):
+    """``(logp, entropy, hidden)`` for a policy loss, all ``[B, L-1(, H)]`` with zeros before column ``first``
+    (the first action column: the logits, the output head and the log-softmax run only from there on, the
+    prompt once per group, see :func:`forward_logits`): per-token log-probs of ``input_ids[:, 1:]`` at
+    ``temperature``, per-token entropies (with gradients only with ``entropy_grad``) and, with ``hidden``,
+    the last hidden layer (else None). ``info["shared_prompt"]``: 1.0 when the prompts were shared."""
+    first = max(int(first), 0)
+    logits, states, used = forward_logits(model, input_ids, attention_mask, first, hidden, blocks, shared_prompt)
+    if info is not None:
+        info["shared_prompt"] = float(used)
+    if temperature != 1.0:
+        logits = logits / temperature
+    logp = token_logprobs(logits, input_ids[:, first + 1:])
+    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+        entropy = entropy_from_logits(logits)
+    del logits
+    pad = torch.nn.functional.pad
+    return (pad(logp, (first, 0)), pad(entropy, (first, 0)),
+            pad(states, (0, 0, first, 0)) if hidden else None)
+
+
+def action_start(action_mask: torch.Tensor) -> int:
+    """The first column any row of ``action_mask`` (``[B, L-1]``) scores (0 when none does): the ``first``
+    of :func:`forward_logits` / :func:`policy_forward`."""
+    return max(first_target(action_mask) - 1, 0)
 
 
 @contextlib.contextmanager

@@ -29,6 +29,8 @@ from typing import NamedTuple
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
+from ..adapters.shared import checkpointing
+
 #: Model types whose decoder was checked to give the same log-probs and gradients through a shared prefix
 #: (tests/rollout/test_shared_prompt.py): every layer plain causal attention over a positional cache.
 SHARED_PROMPT_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
@@ -130,6 +132,8 @@ def reentrant_checkpointing(model) -> bool:
     """Whether a layer of ``model`` recomputes in backward through reentrant checkpointing, which computes
     gradients only for the layer's inputs: the shared prefix's keys and values would get none (such a gradient
     forward falls back to the plain one; evollm enables checkpointing non-reentrant)."""
+    if not checkpointing(_inner(model)):
+        return False
     for m in _inner(model).modules():
         if getattr(m, "gradient_checkpointing", False) is True and m.training:
             keywords = getattr(getattr(m, "_gradient_checkpointing_func", None), "keywords", None) or {}
@@ -166,9 +170,10 @@ def _layers_keep_cache(decoder):
 
 
 def shared_forward(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
-                   first: int, plan: Plan, hidden: bool = False):
+                   first: int, plan: Plan, hidden: bool = False, head: bool = True):
     """``(logits, hidden)`` of positions ``[first, L)`` (``[B, L-first, V]``; the last hidden layer likewise
-    with ``hidden``, else None), the prefix ``[:, :first]`` computed once per ``plan.sources`` row."""
+    with ``hidden``, else None), the prefix ``[:, :first]`` computed once per ``plan.sources`` row. Without
+    ``head`` the output head does not run: ``(None, last hidden layer)``."""
     inner = _inner(model)
     decoder = inner.get_decoder()
     key = _cache_keyword(type(decoder))
@@ -181,7 +186,9 @@ def shared_forward(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
         past = Cache(layers=[_ReadLayer(layer.keys.index_select(0, index), layer.values.index_select(0, index))
                              for layer in record.layers])
         del record
-        out = model(input_ids=input_ids[:, first:], attention_mask=attention_mask,
-                    position_ids=position_ids[:, first:], use_cache=False, output_hidden_states=hidden,
-                    **{_cache_keyword(type(inner)) or key: past})
+        suffix = dict(input_ids=input_ids[:, first:], attention_mask=attention_mask,
+                      position_ids=position_ids[:, first:], use_cache=False)
+        if not head:
+            return None, decoder(**suffix, **{key: past}).last_hidden_state
+        out = model(**suffix, output_hidden_states=hidden, **{_cache_keyword(type(inner)) or key: past})
     return out.logits, (out.hidden_states[-1] if hidden else None)

@@ -10,7 +10,8 @@ from pathlib import Path
 from peft import LoraConfig
 
 from ..adapters.shared import SharedBase
-from ..algorithms.checkpoint import base_fingerprint, check_fingerprint, member_ids, write_agent
+from ..algorithms.checkpoint import ADAPTER_WEIGHTS, check_fingerprint, shared_fingerprint, member_ids, safetensors_shapes, \
+    write_agent
 from ..utils.atomic import CheckpointError, atomic_folder, jsonable, verify
 from .population import Population
 
@@ -27,7 +28,7 @@ def save_population(agents, population, path: str | Path, extra_files=None) -> P
         state["members"] = [int(a.index) for a in agents]
         if agents:
             state["used_ids"] = agents[0].shared.used_indices()
-            state["base_fingerprint"] = base_fingerprint(agents[0].shared.model)
+            state["base_fingerprint"] = shared_fingerprint(agents[0].shared)
         (tmp / "population.json").write_text(json.dumps(state, indent=1, default=jsonable))
         if extra_files is not None:
             extra_files(tmp)
@@ -64,6 +65,10 @@ def load_population(path: str | Path, agent_cls, actor_network, **kwargs):
             shared.return_index(index)  # the same member comes back; its id is not reused by another
         lora_config = LoraConfig.from_pretrained(str(member_dir / "adapter"))
         lora_config.inference_mode = False
+        shapes = safetensors_shapes(member_dir / "adapter" / ADAPTER_WEIGHTS)  # before a member of rank r exists
+        if not lora_config.rank_pattern and {v.shape[0] for k, v in shapes.items() if "lora_A" in k} != {lora_config.r}:
+            raise CheckpointError(f"checkpoint {member_dir}: adapter_config.json says r={lora_config.r}, its tensors "
+                                  "have another rank")
         agent = agent_cls(actor_network, index=index, lora_config=lora_config, **kwargs)
         agent.load_checkpoint(member_dir, verify_manifest=False)
         agents.append(agent)

@@ -47,10 +47,12 @@ def _state_of(obj) -> Any:
 
 
 def write_run_state(folder: Path, *, step: int, max_steps: int, seed: int, since_eval: dict, env=None,
-                    mutation=None, selection=None, config: dict | None = None) -> None:
-    """The loop/run part of a checkpoint, into ``folder`` (called before the manifest is written)."""
+                    mutation=None, selection=None, config: dict | None = None,
+                    healthy_members: int | None = None) -> None:
+    """The loop/run part of a checkpoint, into ``folder`` (called before the manifest is written).
+    ``healthy_members``: how many members were not quarantined (rotation keeps a healthy checkpoint)."""
     rng, tensors = capture_rng()
-    state = {"step": int(step), "max_steps": int(max_steps), "seed": int(seed),
+    state = {"step": int(step), "max_steps": int(max_steps), "seed": int(seed), "healthy_members": healthy_members,
              "since_eval": {str(k): list(v) for k, v in since_eval.items()}, "rng": rng,
              "env": _state_of(env), "mutation": _state_of(mutation), "selection": _state_of(selection),
              "config": config}

@@ -24,7 +24,7 @@ from ..rollout import evaluate_population, generate_population
 from ..run.measure import member_tokens, with_costs
 from .dynamic_sampling import refill
 from .callbacks import Callback, LoopState, call
-from .quarantine import check_members, evaluate_healthy, healthy, replace_quarantined
+from .quarantine import check_members, evaluate_healthy, healthy, replace_quarantined, stop_if_none_healthy
 from .compat import AGILERL_ONLY, agilerl_extras, pick_selection, resolve_max_steps
 from .data_parallel import evaluate_data_parallel, seed_sampling
 from .settings import LoopSettings, loop_settings
@@ -87,6 +87,7 @@ def evolve(pop: Sequence, train_step: Callable[[list, int], dict[int, dict]],
             agent.record_score(m.get("mean_reward", math.nan))
             since_eval.setdefault(agent.index, []).append(m.get("mean_reward", math.nan))
         check_members(agents, metrics, step + 1, log, s.divergence)
+        stop_if_none_healthy(agents, step + 1)
         done = step + 1
         state.step, state.agents = done, agents
         call(callbacks, "on_step_end", state, metrics)

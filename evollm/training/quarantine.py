@@ -73,6 +73,18 @@ def nonfinite_reason(agent, metrics: dict, limits: DivergenceLimits | None = Non
     return None
 
 
+class PopulationDiverged(RuntimeError):
+    """Every member of the population is quarantined: nothing is left to train (``.step``, ``.reasons``)."""
+
+    def __init__(self, step: int, agents: Sequence):
+        self.step = step
+        self.reasons = {int(a.index): str(a.quarantine_reason or "quarantined") for a in agents}
+        shown = "; ".join(f"member {i}: {r}" for i, r in list(self.reasons.items())[:2])
+        more = f"; and {len(self.reasons) - 2} more" if len(self.reasons) > 2 else ""
+        super().__init__(f"every member of the population diverged by step {step} ({shown}{more}), so nothing is "
+                         "left to train")
+
+
 def check_members(agents: Sequence, metrics: dict[int, dict], step: int, log: Callable[[str], None],
                   limits: DivergenceLimits | None = None) -> list:
     """Quarantine every trained member that fails :func:`nonfinite_reason`; returns the newly quarantined."""
@@ -95,6 +107,13 @@ def check_members(agents: Sequence, metrics: dict[int, dict], step: int, log: Ca
     return newly
 
 
+def stop_if_none_healthy(agents: Sequence, step: int) -> None:
+    """:class:`PopulationDiverged` when every member is quarantined: the run stops before it checkpoints
+    a population with nothing left to train."""
+    if agents and not healthy(agents):
+        raise PopulationDiverged(step, agents)
+
+
 def evaluate_healthy(agents: Sequence, evaluate: Callable[[list], list[float]]) -> list[float]:
     """Fitness in the order of ``agents``: ``evaluate`` (which records nothing) for healthy members, -inf
     for quarantined ones; recorded here, once per evaluation, in every member's fitness history."""
@@ -114,8 +133,7 @@ def replace_quarantined(result, old_agents: Sequence, tournament) -> None:
         return
     donors = [a for a in old_agents if not a.quarantined and a.fitness]
     if not donors:
-        raise RuntimeError("every member of the population is quarantined (non-finite losses or adapters); "
-                           "lower the learning rates or their hpo.hp_config ranges")
+        raise PopulationDiverged(max((len(a.scores) for a in old_agents), default=0), old_agents)
     donor = max(donors, key=lambda a: (a.fitness[-1], -a.index))
     for slot, agent in enumerate(list(result.population)):
         parent = result.parents.get(agent.index)

@@ -49,8 +49,15 @@ def test_reward_next_to_the_config_is_found_and_remembered_for_resume(tmp_path, 
     sys.modules.pop("myreward", None)
     sys.modules.pop("mytask.myreward", None)
     monkeypatch.chdir("/")  # "a new shell" somewhere else
+    capsys.readouterr()
     assert main(["resume", str(tmp_path / "run"), "--quiet", "--set", "train.max_steps=3"]) == 0, \
         capsys.readouterr().err
+    printed = capsys.readouterr().out
+    assert "(measured when the run started)" in printed  # the base is not evaluated again
+    segments = json.loads((tmp_path / "run" / "segments.json").read_text())
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert len(segments) == 2 and summary["wall_time_s"] == pytest.approx(sum(segments), abs=1e-2)
+    assert summary["wall_time_last_segment_s"] == pytest.approx(segments[-1], abs=1e-2)
 
 
 def test_a_bad_reward_fails_before_the_model_loads_and_leaves_no_run(tmp_path, monkeypatch, capsys):
@@ -71,3 +78,19 @@ def test_a_bad_reward_fails_before_the_model_loads_and_leaves_no_run(tmp_path, m
     err = capsys.readouterr().err
     assert "the prompt template uses {level}, which is not a dataset column" in err and "conversation_template" not in err
     assert not (tmp_path / "run").exists()
+
+
+def test_a_second_ctrl_c_still_prints_the_resume_command(tmp_path, monkeypatch, capsys):
+    from evollm.recipes import cli
+
+    run = tmp_path / "run"
+    (run / "checkpoints" / "step_4").mkdir(parents=True)
+    (run / "checkpoints" / "step_4" / "manifest.json").write_text("{}")
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "resume", interrupted)
+    assert main(["resume", str(run)]) == 130
+    err = capsys.readouterr().err
+    assert f"resume with: evollm resume {run}" in err and "step_4" in err
