@@ -235,14 +235,15 @@ class LLMAgent(Member):
         return params + [p for group in self.extra_parameters().values() for p in group]
 
     def _param_groups(self) -> list[dict]:
-        """One optimizer param group per role, so each can carry its own learning rate."""
+        """One optimizer param group per role, so each can carry its own learning rate: the one route from
+        the config's learning rate(s) to the optimizer (set again in place by ``_apply_hyperparameter``)."""
         groups = [{"name": "actor", "params": self.shared.parameters(self.adapter_name("actor")),
                    "lr": self.config.lr}]
         return groups
 
     def _build_optimizer(self) -> torch.optim.Optimizer:
         # under a DeepSpeed ZeRO launch the AdamW goes into the member's own engine (evollm.parallel.zero)
-        return zero.wrap(build_adamw(self._param_groups(), lr=self.config.lr, weight_decay=self.config.weight_decay),
+        return zero.wrap(build_adamw(self._param_groups(), weight_decay=self.config.weight_decay),
                          self.config.max_grad_norm, self.__dict__.get("optimizer"))
 
     def reinit_optimizers(self) -> None:

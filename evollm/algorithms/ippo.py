@@ -171,7 +171,7 @@ class IPPOAgent(LLMPPO):
     def _build_optimizer(self) -> torch.optim.Optimizer:
         c = self.config
         # under a DeepSpeed ZeRO launch every param group goes into its own engine (evollm.parallel.zero)
-        return zero.wrap(torch.optim.AdamW(self._param_groups(), lr=c.lr, weight_decay=c.weight_decay,
+        return zero.wrap(torch.optim.AdamW(self._param_groups(), weight_decay=c.weight_decay,
                                            betas=(c.adam_beta1, c.adam_beta2), eps=c.adam_epsilon),
                          c.max_grad_norm, self.__dict__.get("optimizer"))
 
