@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
+import warnings
 from dataclasses import dataclass
 from typing import Any, ClassVar, Sequence
 
@@ -24,6 +25,7 @@ from evollm.parallel import zero
 from evollm.parallel.distributed import all_reduce_gradients
 from ..rollout import SamplingConfig, collate_prompts, eos_ids, forward_logprobs
 from ..rollout.sampling import check_extra
+from .compat import AgileRLMethods, note_once, translate
 from .clip import CLIP_NAMES, check_clip, clip_range, get_clip, set_clip
 from .member import Member, MutationHookError  # noqa: F401  (MutationHookError re-exported)
 from ..utils.fields import documented
@@ -147,8 +149,9 @@ def build_config(config_cls, config, overrides: dict) -> Any:
     return cfg
 
 
-class LLMAgent(Member):
-    """Base class of every algorithm. Not used directly."""
+class LLMAgent(Member, AgileRLMethods):
+    """Base class of every algorithm. Not used directly. AgileRL's constructor keywords and methods
+    are accepted too (see :mod:`evollm.algorithms.compat`)."""
 
     config_cls: ClassVar[type] = AgentConfig
     #: hyperparameters the evolution engine may change (beyond ``lora_rank``)
@@ -158,10 +161,17 @@ class LLMAgent(Member):
     #: adapter roles a member owns; PPO adds "critic"
     ROLES: ClassVar[tuple[str, ...]] = ("actor",)
 
-    def __init__(self, actor_network: torch.nn.Module, pad_token_id: int, pad_token: str | None = None,
-                 *, eos_token_id: int | Sequence[int] | None = None, tokenizer=None, config=None, hp_config=None,
-                 index: int | None = None, lora_config: LoraConfig | None = None,
-                 device: str | torch.device | None = None, **hyperparameters):
+    def __init__(self, actor_network: torch.nn.Module | None = None, pad_token_id: int | None = None,
+                 pad_token: str | None = None, *, eos_token_id: int | Sequence[int] | None = None, tokenizer=None,
+                 config=None, hp_config=None, index: int | None = None, lora_config: LoraConfig | None = None,
+                 device: str | torch.device | None = None, model_name: str | None = None, **hyperparameters):
+        hyperparameters, agilerl_extras = translate(type(self), hyperparameters)
+        actor_network, tokenizer = _resolve_actor(actor_network, model_name, tokenizer)
+        if pad_token_id is None:
+            raise TypeError(f"{type(self).__name__} needs pad_token_id")
+        if lora_config is None:
+            warnings.warn("No LoRA config provided. evollm can only be used to finetune adapters at present. "
+                          f"Using default LoRA configuration for RL finetuning: {default_lora_config()}", stacklevel=2)
         self.config = build_config(self.config_cls, config, hyperparameters)
         check_extra(self.config.generation_overrides)
         if self.config.stop_strings and tokenizer is None:
@@ -189,6 +199,15 @@ class LLMAgent(Member):
                 self.shared.delete_adapter(self.adapter_name(role))
             raise ValueError(f"{type(self).__name__} {_NO_ZERO}")
         self._init_member(hp_config)
+        self.__dict__.update(agilerl_extras)
+
+    @classmethod
+    def _founders_base(cls, actor_network, kwargs: dict):
+        """The founders' base: ``actor_network``, or loaded once from AgileRL's ``model_name=`` (then shared)."""
+        if actor_network is None:
+            actor_network, tok = _resolve_actor(None, kwargs.pop("model_name", None), kwargs.get("tokenizer"))
+            kwargs.setdefault("tokenizer", tok)
+        return actor_network
 
     # ------------------------------------------------------------------ identity
     def adapter_name(self, role: str = "actor") -> str:
@@ -200,8 +219,8 @@ class LLMAgent(Member):
 
     @property
     def actor(self):
-        """The shared PeftModel, for code that wants the raw module."""
-        return self.shared.model
+        """The shared PeftModel, for code that wants the raw module (None once released)."""
+        return None if self.__dict__.get("released") else self.shared.model
 
     def __getattr__(self, name: str):
         # hyperparameters read as attributes: agent.lr, agent.beta, ...
@@ -345,8 +364,12 @@ class LLMAgent(Member):
         self.optimizer = None
 
     # ------------------------------------------------------------------ checkpoints
-    def save_checkpoint(self, path) -> None:
-        """Adapter(s) in PEFT's format + optimizer state (safetensors) + hyperparameters (JSON)."""
+    def save_checkpoint(self, path, lora_only: bool = True, save_optimizer: bool = True) -> None:
+        """Adapter(s) in PEFT's format + optimizer state (safetensors) + hyperparameters (JSON).
+        AgileRL's ``lora_only``/``save_optimizer`` are accepted: the shared base is never saved with a
+        member, and the optimizer state always is."""
+        if not lora_only:
+            note_once("lora_only", "a member checkpoint holds its adapters only; the shared base is not copied")
         from evollm.algorithms.checkpoint import save_agent
         save_agent(self, path)
 
@@ -426,6 +449,17 @@ def all_eos_ids(model, eos_token_id, tokenizer, pad_token_id: int) -> tuple[int,
     ids += eos_ids(getattr(getattr(model, "generation_config", None), "eos_token_id", None))
     ids += eos_ids(getattr(tokenizer, "eos_token_id", None))
     return tuple(dict.fromkeys(ids)) or (int(pad_token_id),)
+
+
+def _resolve_actor(actor_network, model_name, tokenizer):
+    """The base model: ``actor_network``, or loaded from AgileRL's ``model_name`` (a hub id or folder)."""
+    if actor_network is not None:
+        return actor_network, tokenizer
+    if model_name is None:
+        raise TypeError("pass actor_network= (a causal LM) or model_name= (a hub id or local folder)")
+    from ..models.loading import load_model
+    model, tok = load_model(model_name)
+    return model, tokenizer if tokenizer is not None else tok
 
 
 def copy_attributes(agent: LLMAgent, clone: LLMAgent) -> LLMAgent:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple, Sequence
 
+import numpy as np
 import torch
 
 from .. import functional as F
@@ -17,6 +18,7 @@ from evollm.parallel import zero
 from ..adapters.shared import checkpointing
 from .base import AgentConfig, LLMAgent
 from ..utils.fields import documented
+from .compat import agilerl_style_test, is_evollm_env
 from ..rollout import (Rollout, attention_from_sequences, evaluate_population, first_target, generate_population,
                        member_logprobs, stack_rows)
 
@@ -90,7 +92,7 @@ class GRPOConfig(AgentConfig):
             raise ValueError(f"scale_rewards={self.scale_rewards!r} is not valid; "
                              f"choose one of {list(F.ADVANTAGE_SCALES)}")
         if self.group_size < 2:
-            raise ValueError(f"group_size must be >= 2 for the GRPO family (advantages are relative to the "
+            raise ValueError(f"group_size must be >= 2 for GRPO-style group-relative advantages (relative to the "
                              f"other samples of the same prompt), got {self.group_size}")
         if self.batch_size < 1 or self.update_epochs < 1:
             raise ValueError(f"batch_size and update_epochs must be >= 1, got {self.batch_size}, "
@@ -174,8 +176,14 @@ class GRPO(LLMAgent):
     def test(self, env, loop: int = 1) -> float:
         """Fitness: mean reward on the env's FIXED test set with greedy decoding (appended to
         ``self.fitness``). Greedy decoding of fixed prompts is deterministic, so ``loop`` (kept for
-        API compatibility) never changes the result and one pass is run."""
-        return evaluate_population([self], env)[0]
+        API compatibility) never changes the result and one pass is run. An env written for AgileRL
+        (see :func:`evollm.algorithms.compat.agilerl_style_test`) is played ``loop`` times."""
+        if is_evollm_env(env) and hasattr(env, "test_prompts"):
+            return np.float64(evaluate_population([self], env)[0])  # a float with AgileRL's .shape == ()
+        if is_evollm_env(env):
+            from .multiturn_rollout import EpisodeAgent
+            return EpisodeAgent.test(self, env, loop)
+        return agilerl_style_test(self, env, loop)
 
 
 class GSPO(GRPO):
@@ -213,12 +221,17 @@ def _prepare(agent: GRPO, experiences) -> _Prepared:
     sampler = experiences[3] if len(experiences) > 3 and agent.config.sampler_correction != "none" else None
     seqs = stack_rows(completion_ids, agent.pad_token_id)
     mask = stack_rows(action_masks, 0).to(seqs.device)
-    rewards = torch.as_tensor(rewards, dtype=torch.float32).reshape(-1)
+    rewards = torch.as_tensor(rewards, dtype=torch.float32)
+    if rewards.dim() == 2 and rewards.shape[0] == seqs.shape[0] != rewards.numel():
+        rewards = rewards.sum(-1)  # multi-turn: one reward per turn -> the trajectory's return
+    rewards = rewards.reshape(-1)
     c = agent.config
     if rewards.numel() != seqs.shape[0]:
-        raise ValueError(f"got {rewards.numel()} rewards for {seqs.shape[0]} completions")
+        raise ValueError(f"Rewards must provide one scalar per trajectory: got {rewards.numel()} rewards for "
+                         f"{seqs.shape[0]} completions")
     if rewards.numel() % c.group_size:
-        raise ValueError(f"{rewards.numel()} rewards do not split into groups of group_size={c.group_size}")
+        raise ValueError(f"the batch of {rewards.numel()} completions must be divisible by group_size="
+                         f"{c.group_size}")
     if c.overlong_buffer:
         rewards = rewards + F.overlong_penalty(mask.sum(1).cpu(), c.max_output_tokens, c.overlong_buffer,
                                                c.overlong_penalty)
@@ -228,8 +241,11 @@ def _prepare(agent: GRPO, experiences) -> _Prepared:
         seqs, mask, rewards = seqs[keep.to(seqs.device)], mask[keep.to(mask.device)], rewards[keep]
         if sampler is not None:
             sampler = sampler[keep.to(sampler.device)]
-    return _Prepared(seqs, attention_from_sequences(seqs, agent.pad_token_id), mask,
-                     F.group_advantages(rewards, c.group_size, scale=c.reward_scaling()), rewards,
+    advantages = F.group_advantages(rewards, c.group_size, scale=c.reward_scaling())
+    clip = agent.__dict__.get("adv_clip_range")  # AgileRL's advantage clipping
+    if clip is not None:
+        advantages = advantages.clamp(-clip, clip)
+    return _Prepared(seqs, attention_from_sequences(seqs, agent.pad_token_id), mask, advantages, rewards,
                      sampler=sampler)
 
 

@@ -68,8 +68,9 @@ class Member:
         self.quarantined, self.quarantine_reason = False, None
 
     @classmethod
-    def population(cls, size: int, actor_network: torch.nn.Module, hp_config=None, init_hyperparameters=None,
-                   init_sampler: str | None = "qmc", fixed: dict | None = None, **kwargs) -> list:
+    def population(cls, size: int, actor_network: torch.nn.Module | None = None, hp_config=None,
+                   init_hyperparameters=None, init_sampler: str | None = "qmc", fixed: dict | None = None,
+                   **kwargs) -> list:
         """``size`` members on ONE shared base (``cls(actor_network, hp_config=hp_config, **kwargs)`` each).
 
         With an ``hp_config`` the founders' hyperparameters are drawn from it with ``init_sampler``
@@ -80,6 +81,7 @@ class Member:
         :func:`evollm.hpo.initial_population_hyperparameters`)."""
         from ..hpo.founders import founder_hyperparameters
 
+        actor_network = cls._founders_base(actor_network, kwargs)
         if size < 1:
             raise ValueError(f"population size must be >= 1, got {size}")
         init = founder_hyperparameters(size, hp_config, init_hyperparameters, init_sampler,
@@ -91,6 +93,13 @@ class Member:
                 member.set_hyperparameter(name, value)
             members.append(member)
         return members
+
+    @classmethod
+    def _founders_base(cls, actor_network, kwargs: dict):
+        """Hook: the base model the founders share (a subclass may load it from a keyword in ``kwargs``)."""
+        if actor_network is None:
+            raise TypeError(f"{cls.__name__}.population needs the base model (actor_network)")
+        return actor_network
 
     # ------------------------------------------------------------------ history
     def record_fitness(self, value: float) -> None:

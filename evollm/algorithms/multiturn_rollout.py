@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from ..rollout import (action_start, attention_from_sequences, collect_episodes, evaluate_population, policy_forward,
@@ -127,14 +128,17 @@ class EpisodeAgent(LLMAgent):
         """Fitness, appended to ``self.fitness``: on a ReasoningGym the mean reward on its fixed test set;
         on a :class:`~evollm.envs.multiturn.TokenObservationWrapper` the mean greedy return over ``loop``
         episodes seeded ``0..loop-1``."""
+        from .compat import agilerl_style_test, is_evollm_env
+        if not is_evollm_env(env):
+            return agilerl_style_test(self, env, loop)
         if hasattr(env, "test_prompts"):
-            return evaluate_population([self], env)[0]
+            return np.float64(evaluate_population([self], env)[0])  # a float with AgileRL's .shape == ()
         returns = []
         for seed in range(loop):
             returns += [e.episode_return for e in collect_episodes([self], [env], [seed], training=False)[self.index]]
         fitness = sum(returns) / len(returns)
         self.record_fitness(fitness)
-        return fitness
+        return np.float64(fitness)
 
     def _policy_forward(self, model, ids: torch.Tensor, attn: torch.Tensor, action_mask: torch.Tensor,
                         entropy_grad: bool = False, info: dict | None = None):

@@ -34,6 +34,7 @@ from evollm.parallel.distributed import all_reduce_gradients
 from ..rollout import action_start, first_target, forward_logits, loss_forward
 from .base import AgentConfig
 from ..utils.fields import documented
+from .compat import AgileRLMetrics, with_turn_ids
 from .multiturn_rollout import (EpisodeAgent, EpisodeBatch, episode_batch, last_token_of_turn, pack_actions,
                                 unpack_actions)
 
@@ -195,10 +196,11 @@ class LLMPPO(EpisodeAgent):
         return {"advantages": token_adv, "returns": returns, "values": values}
 
     # ------------------------------------------------------------------ learning
-    def learn(self, experiences) -> dict[str, float]:
+    def learn(self, experiences, turn_ids=None) -> dict[str, float]:
         """One PPO update from ``(ids, action_masks, turn_ids, rewards[B, K])`` (multi-turn episodes, see
         :func:`~evollm.rollout.stack_episodes`) or ``(completion_ids, action_masks,
         rewards)`` (single turn, as from :meth:`get_action`). Returns mean metrics."""
+        experiences = with_turn_ids(experiences, turn_ids)  # AgileRL's learn((ids, masks, rewards), turn_ids=)
         c = self.config
         batch = episode_batch(experiences, self.pad_token_id)
         dev = self.device
@@ -258,7 +260,7 @@ class LLMPPO(EpisodeAgent):
                        explained_variance=_explained_variance(old_values, returns, vmask),
                        mean_turns=float(batch.turn_mask().sum(1).float().mean()),
                        completion_length=float(mask.sum(1).float().mean()))
-        return metrics
+        return AgileRLMetrics(metrics)
 
     def clip_and_step_groups(self) -> tuple[float, float]:
         """Clip the actor's and the critic's gradients to ``max_grad_norm`` each, then one optimizer

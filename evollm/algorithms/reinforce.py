@@ -24,6 +24,7 @@ from .. import functional as F
 from ..rollout import first_target, loss_forward
 from .base import AgentConfig, LLMAgent
 from ..utils.fields import documented
+from .compat import with_turn_ids
 from .multiturn_rollout import (EpisodeAgent, EpisodeBatch, episode_batch, last_token_of_turn, pack_actions,
                                 unpack_actions)
 
@@ -78,9 +79,10 @@ class LLMREINFORCE(EpisodeAgent):
         returns = F.rebn(batch.rewards, batch.turn_mask(), c.gamma)
         return F.broadcast_turn_values(returns, batch.turn_ids) * batch.action_mask
 
-    def learn(self, experiences) -> dict[str, float]:
+    def learn(self, experiences, turn_ids=None) -> dict[str, float]:
         """One update from ``(ids, action_masks, turn_ids, rewards[B, K])`` or ``(completion_ids,
         action_masks, rewards)``. Returns mean metrics (``mean_reward`` is the mean episode return)."""
+        experiences = with_turn_ids(experiences, turn_ids)  # AgileRL's learn((ids, masks, rewards), turn_ids=)
         c = self.config
         batch = episode_batch(experiences, self.pad_token_id)
         dev = self.device
