@@ -444,11 +444,7 @@ class RunConfig(Section):
                 alg = AlgorithmSection.from_dict(data["algorithm"], "algorithm")
             except ConfigError:
                 return data  # reported when the section loads
-            evolvable = _evolvable(alg)
-            for name in hp:
-                if name not in evolvable:
-                    raise ConfigError(f"hpo.hp_config.{name}: {alg.name} cannot evolve it; "
-                                      f"{did_you_mean(name, evolvable)}evolvable: {sorted(evolvable)}")
+            _check_evolvable(hp, alg)
         return data
 
     @classmethod
@@ -479,11 +475,7 @@ class RunConfig(Section):
                 and self.algorithm.init_sampler is None:
             raise ConfigError("hpo.hp_config has no effect without train.evo_steps or algorithm.init_sampler; "
                               "set one or remove it")
-        evolvable = _evolvable(self.algorithm)
-        for name in self.hpo.hp_config:
-            if name not in evolvable:
-                raise ConfigError(f"hpo.hp_config.{name}: {self.algorithm.name} cannot evolve it; "
-                                  f"{did_you_mean(name, evolvable)}evolvable: {sorted(evolvable)}")
+        _check_evolvable(self.hpo.hp_config, self.algorithm)
         check_no_effect(self)
         self._check_ranges(self.algorithm.agent_config(self.seed))
         if self.train.evo_steps is not None:
@@ -518,5 +510,9 @@ class RunConfig(Section):
         return Path(self.output_dir) / "checkpoints"
 
 
-def _evolvable(alg: "AlgorithmSection") -> list[str]:
-    return list(algorithm_class(alg.name).evolvable_names(alg.agent_config()))
+def _check_evolvable(names, alg: "AlgorithmSection") -> None:
+    evolvable = list(algorithm_class(alg.name).evolvable_names(alg.agent_config()))
+    for name in names:
+        if name not in evolvable:
+            raise ConfigError(f"hpo.hp_config.{name}: {alg.name} cannot evolve it; "
+                              f"{did_you_mean(name, evolvable)}evolvable: {sorted(evolvable)}")

@@ -56,9 +56,16 @@ def train(config_path: str, overrides: list[str] | None = None, quiet: bool = Fa
 
     dist.init()  # under `accelerate launch`: one process per device, the population on each
     cfg = RunConfig.from_yaml(config_path, overrides)  # every setting is checked before any model is built
-    if cfg.env.type == "reasoning":  # a reward module or file, found from the config's folder or here, remembered
+    if cfg.env.type == "reasoning":  # a reward and data files, found from the config's folder or here, remembered
         from evollm.tasks.reward_spec import locate_reward
-        cfg.task.reward = locate_reward(cfg.task.reward, [Path(config_path).resolve().parent, Path.cwd()])
+        folders = [Path(config_path).resolve().parent, Path.cwd()]
+        cfg.task.reward = locate_reward(cfg.task.reward, folders)
+        for name in ("dataset", "test_dataset"):
+            value = getattr(cfg.task, name)
+            if isinstance(value, str) and value and not Path(value).expanduser().is_absolute():
+                found = next((f / value for f in folders if (f / value).exists()), None)
+                if found is not None:
+                    setattr(cfg.task, name, str(found.resolve()))
     out = Path(cfg.output_dir)
     main = dist.is_main_process()
     global _RUN_DIR

@@ -43,19 +43,47 @@ def run_reasoning(cfg, members, tokenizer, settings: LoopSettings, selection, mu
                        long_prompts=cfg.env.long_prompts, chat_template_kwargs=cfg.task.chat_template_kwargs)
     saved = Path(cfg.output_dir) / WARM_START
     if settings.resume and saved.is_file():  # measured when the run started: not again on every resume
-        initial = float(json.loads(saved.read_text())["initial_fitness"])
+        measured = json.loads(saved.read_text())
+        initial, se = float(measured["initial_fitness"]), measured.get("standard_error")
     else:
-        initial = evaluate_data_parallel(members[:1], env, evaluate_population, record=False)[0]
+        capture = _ScoreCapture(env)
+        initial = evaluate_data_parallel(members[:1], capture, evaluate_population, record=False)[0]
+        se = capture.standard_error() if not dist.is_distributed() else None
         if dist.is_main_process():
-            write_json(saved, {"initial_fitness": initial})
+            write_json(saved, {"initial_fitness": initial, "standard_error": se})
     if dist.is_main_process():
-        print(f"warm start: held-out fitness {initial:.3f} (mean reward, greedy) on {len(env.test_prompts())} "
-              "fixed test questions" + (" (measured when the run started)" if settings.resume else ""))
+        noise = f" ± {se:.3f} (standard error)" if se is not None else ""
+        print(f"warm start: held-out fitness {initial:.3f}{noise}, the mean reward of greedy answers to "
+              f"{len(env.test_prompts())} fixed test questions"
+              + (" (measured when the run started)" if settings.resume else ""))
     agents, population = finetune_llm_reasoning(
         members, env, settings, tournament=selection, mutation=mutation, callbacks=callbacks,
         rollout_backend=cfg.rollout_backend, vllm=cfg.vllm)
     final = max(a.fitness[-1] for a in agents)
     return {"agents": agents, "population": population, "initial_fitness": initial, "final_fitness": final}
+
+
+class _ScoreCapture:
+    """The env, with every reward it scores kept: the evaluation's standard error, from which
+    ``task.n_test`` can be chosen (it shrinks as one over the square root of the question count)."""
+
+    def __init__(self, env):
+        self._env, self.rewards = env, []
+
+    def __getattr__(self, name):
+        return getattr(self._env, name)
+
+    def score(self, completions, prompts=None):
+        rewards = self._env.score(completions, prompts)
+        self.rewards += rewards.flatten().tolist()
+        return rewards
+
+    def standard_error(self) -> float | None:
+        n = len(self.rewards)
+        if n < 2:
+            return None
+        mean = sum(self.rewards) / n
+        return math.sqrt(sum((r - mean) ** 2 for r in self.rewards) / (n - 1) / n)
 
 
 # --------------------------------------------------------------------------- multi-turn games

@@ -19,6 +19,7 @@ from typing import Callable, Sequence
 import torch
 
 from ..adapters.routing import ROUTED, batch_path, routed
+from .common_prefix import greedy_shared_prefix
 from .sampling import SamplingConfig, generate, shares_rows, stop_string_ends
 from .vllm_engine import engine_of
 from .tokens import Rollout, action_mask_for, collate_prompts, sequence_attention_mask
@@ -83,6 +84,11 @@ def generate_for_members(members: Sequence, input_ids: torch.Tensor, attention_m
             sampling = own[0]
         else:
             kw["row_temperatures"] = torch.tensor([float(t) for t, n in zip(temperatures, counts) for _ in range(n)])
+    if not return_scores:  # greedy evaluation: the prompts' common prefix once per member
+        out = greedy_shared_prefix(shared, names, counts, input_ids, attention_mask, sampling, pad_token_id,
+                                   eos_token_id, tokenizer)
+        if out is not None:
+            return out
     if len(members) == 1:
         kw.pop("row_temperatures", None)
         with shared.use(names[0]) as model:

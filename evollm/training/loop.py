@@ -25,7 +25,8 @@ from ..run.measure import member_tokens, with_costs
 from .dynamic_sampling import refill
 from .callbacks import Callback, LoopState, call
 from .quarantine import check_members, evaluate_healthy, healthy, replace_quarantined, stop_if_none_healthy
-from .compat import AGILERL_ONLY, agilerl_extras, pick_selection, resolve_max_steps
+from ..algorithms.compat import wants_vllm
+from .compat import AGILERL_ONLY, agilerl_extras, pick_env, pick_selection, resolve_max_steps
 from .data_parallel import evaluate_data_parallel, seed_sampling
 from .settings import LoopSettings, loop_settings
 
@@ -236,10 +237,10 @@ def use_rollout_backend(pop: Sequence, backend: str = "hf", vllm=None) -> None:
         raise ValueError("vllm settings given but rollout_backend is 'hf'; set rollout_backend='vllm'")
 
 
-def finetune_llm_reasoning(pop: Sequence, env, settings: LoopSettings | None = None, *, tournament=None,
+def finetune_llm_reasoning(pop: Sequence, env=None, settings: LoopSettings | None = None, *, tournament=None,
                            mutation=None, population: Population | None = None, callbacks: Sequence[Callback] = (),
                            selection_strategy=None, num_epochs: float | None = None,
-                           max_steps_unit: str | None = None, rollout_backend: str = "hf", vllm=None,
+                           max_steps_unit: str | None = None, rollout_backend: str = "hf", vllm=None, env_fn=None,
                            **options) -> tuple[list, Population]:
     """Train a population of single-turn agents (GRPO family) on a :class:`ReasoningGym`.
 
@@ -273,6 +274,9 @@ def finetune_llm_reasoning(pop: Sequence, env, settings: LoopSettings | None = N
     agilerl_style = agilerl_extras(agilerl_kwargs) or selection_strategy is not None or num_epochs is not None \
         or s.max_reward is not None
     tournament = pick_selection(tournament, selection_strategy)
+    env = pick_env(env, env_fn)
+    if rollout_backend == "hf" and wants_vllm(pop):  # AgileRL's use_vllm=True on the members
+        rollout_backend = "vllm"
     s = s.replace(max_steps=resolve_max_steps(s.max_steps, num_epochs, max_steps_unit, env.batch_size, len(pop),
                                               len(env), agilerl_style))
     seed = s.seed
