@@ -54,6 +54,9 @@ class AgentConfig:
     lr: float = documented(5e-5, "AdamW learning rate of the member's adapter.")
     batch_size: int = documented(16, "Rows (completions or episodes) per minibatch of an update.")
     update_epochs: int = documented(1, "Passes over the step's experience per update.")
+    target_kl: float | None = documented(None, "Stop an update's epochs early: after an epoch whose mean approx_kl "
+                                         "(the policy's KL from the sampling policy) exceeds it, no further epochs "
+                                         "run; None: always update_epochs.")
     max_grad_norm: float | None = documented(1.0, "Gradient norm clip per optimizer step; None: no clipping.")
     beta: float = documented(0.0, "Weight of the k3 KL penalty to the reference policy (the base with every adapter "
                              "disabled); 0: no reference forward runs.")
@@ -78,7 +81,7 @@ class AgentConfig:
                                          "activations, may take.")
     learn_chunk_members: int | None = documented(
         None, "Members per fused learn pass; None: one by one, unless a member's activations are small (below half "
-        "its adapter + Adam state, or < 16 MiB), then as many as fit logits_budget_mb.")
+        "its adapter + Adam state, or < 16 MiB), then as many as fit logits_budget_mb (see memory_plan.member_chunks).")
     weight_decay: float = documented(0.0, "AdamW weight decay.")
     seed: int = documented(42, "Seed of the member's own randomness (minibatch shuffling).")
     stop_strings: tuple[str, ...] = documented((), "Strings that end a completion like an eos (needs tokenizer= on "
@@ -105,6 +108,8 @@ class AgentConfig:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
         if not _integer(self.top_k) or self.top_k < 0:
             raise ValueError(f"top_k must be an integer >= 0 (0: off), got {self.top_k!r}")
+        if self.target_kl is not None and not (_finite(self.target_kl) and self.target_kl > 0):
+            raise ValueError(f"target_kl must be > 0 or None (no early stop), got {self.target_kl!r}")
         if not (_finite(self.beta) and self.beta >= 0):
             raise ValueError(f"beta must be >= 0, got {self.beta!r}")
         if self.max_grad_norm is not None and not (_finite(self.max_grad_norm) and self.max_grad_norm > 0):
