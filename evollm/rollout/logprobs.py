@@ -13,7 +13,7 @@ import torch
 from ..adapters.routing import ROUTED, batch_path, routed
 from ..adapters.shared import checkpointing
 from ..functional import entropy_from_logits, token_logprobs
-from .prefix import prefix_plan, reentrant_checkpointing, shared_forward, shared_prompt_support, worth_sharing
+from .prefix import Plan, prefix_plan, reentrant_checkpointing, shared_forward, shared_prompt_support, worth_sharing
 from .tokens import position_ids_from_mask
 
 
@@ -84,8 +84,9 @@ def forward_logits(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
     plan = None
     if (first >= 1 and shared_prompt is not False and shared_prompt_support(model) is None
             and not (torch.is_grad_enabled() and reentrant_checkpointing(model))):
-        plan = prefix_plan(input_ids, attention_mask, first, blocks)
-        if not (shared_prompt or worth_sharing(model, plan, first)):
+        if shared_prompt or worth_sharing(model, Plan(input_ids[:blocks, 0], input_ids[:, 0]), first):  # at most
+            plan = prefix_plan(input_ids, attention_mask, first, blocks)  # this much saved: else skip the plan
+        if plan is not None and not (shared_prompt or worth_sharing(model, plan, first)):
             plan = None
     if plan is not None:
         logits, states = shared_forward(model, input_ids, attention_mask, positions, first, plan, hidden or not head,
