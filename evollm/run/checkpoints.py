@@ -125,6 +125,7 @@ class RunCheckpointer:
         self.stop_grace = stop_grace
         self._lock = RunLock(directory, log=log) if lock else None
         self._alarm = None
+        self._saving = False
         self.directory, self.every, self.keep = Path(directory), int(every), keep
         self.env, self.mutation, self.selection = env, mutation, selection
         self.seed, self.config, self.resume = seed, config, resume
@@ -176,6 +177,13 @@ class RunCheckpointer:
     def save(self, state) -> Path:
         """Checkpoint the run as it is after ``state.step`` completed steps."""
         self._disarm()  # a stop signal's deadline does not cut a checkpoint write short
+        self._saving = True
+        try:
+            return self._save(state)
+        finally:
+            self._saving = False
+
+    def _save(self, state) -> Path:
         t0 = time.perf_counter()
         folder = self.directory / f"step_{state.step}"
         healthy = sum(not getattr(a, "quarantined", False) for a in state.agents)
@@ -249,7 +257,7 @@ class RunCheckpointer:
         self.signum = signum
         self._restore_signals()  # a second signal acts at once (the last complete checkpoint stays)
         grace = ""
-        if self.stop_grace is not None and hasattr(signal, "setitimer"):
+        if self.stop_grace is not None and hasattr(signal, "setitimer") and not self._saving:
             self._alarm = signal.signal(signal.SIGALRM, self._on_deadline)
             signal.setitimer(signal.ITIMER_REAL, self.stop_grace)
             last = f"step_{self.last_saved}" if self.last_saved is not None else "none yet"
