@@ -186,7 +186,7 @@ class RunCheckpointer:
     def _save(self, state) -> Path:
         t0 = time.perf_counter()
         folder = self.directory / f"step_{state.step}"
-        healthy = sum(not getattr(a, "quarantined", False) for a in state.agents)
+        healthy = sum(not a.quarantined for a in state.agents)
 
         def run_files(tmp: Path) -> None:
             write_run_state(tmp, step=state.step, max_steps=state.max_steps, seed=self.seed,
@@ -222,7 +222,7 @@ class RunCheckpointer:
         check_fingerprint(population.get("base_fingerprint"), agents[0].shared.model, folder)
         restored = restore_members(agents, folder, member_ids(population["members"], folder))
         shared = restored[0].shared
-        shared._used_ids.update(int(i) for i in population.get("used_ids", []))
+        shared.mark_used(population.get("used_ids", []))
         state.record.load_state_dict({k: v for k, v in population.items()
                                       if k not in ("members", "used_ids", "base_fingerprint")})
         state.record.members = list(restored)
@@ -296,7 +296,7 @@ def restore_members(live: list, folder: Path, ids: list[int]) -> list:
                 raise CheckpointError(f"checkpoint {folder}: member {index} is a {kind}, and the resumed population "
                                       f"has none ({sorted({type(a).__name__ for a in live})}); resume with the "
                                       "population the run was started with")
-            template.shared._used_ids.discard(index)  # the same member returns; no other member gets its id
+            template.shared.return_index(index, template.ID_SPACE)  # the same member returns; no other gets its id
             agent = template.clone(index=index)
         rank = info.get("lora_rank")
         if rank is not None and (member_dir / "adapter").is_dir():  # checked against the adapter files
