@@ -346,7 +346,11 @@ class TrainSection(Section):
                                           "output_dir/checkpoints/step_N (also at every selection, on "
                                           "SIGINT/SIGTERM and at the end); null: every evaluation_interval; "
                                           "0: only at selections, signals and the end.")
-    keep_checkpoints: int | None = option(3, "Newest checkpoints kept; null keeps all.")
+    keep_checkpoints: int | None = option(3, "Newest checkpoints kept (and the newest one in which some member "
+                                          "was healthy); null keeps all.")
+    stop_grace: float | None = option(20.0, "Seconds SIGINT/SIGTERM waits for the current step to end and be "
+                                      "saved; a step still running then is abandoned and the last checkpoint "
+                                      "kept (a stop takes at most this plus one checkpoint write); null: wait.")
     episodes_per_step: int = option(16, "Training seeds per step of a multi-turn game (all processes together: "
                                     "a multiple of their number under accelerate launch).",
                                     when={"env.type": ("multiturn",)})
@@ -368,6 +372,8 @@ class TrainSection(Section):
             raise ConfigError(f"train.checkpoint_every must be >= 0 or null, got {self.checkpoint_every}")
         if self.keep_checkpoints is not None and self.keep_checkpoints < 1:
             raise ConfigError(f"train.keep_checkpoints must be >= 1 or null, got {self.keep_checkpoints}")
+        if self.stop_grace is not None and not self.stop_grace > 0:
+            raise ConfigError(f"train.stop_grace must be > 0 seconds or null, got {self.stop_grace}")
 
     def checkpoint_interval(self) -> int:
         return self.evaluation_interval if self.checkpoint_every is None else self.checkpoint_every
@@ -383,7 +389,7 @@ class TrainSection(Section):
                             evo_steps=self.evo_steps, max_time=self.max_time, save_elite=self.save_elite,
                             elite_path=self.elite_path or str(out / "elites"), checkpoint_dir=str(out / "checkpoints"),
                             checkpoint_every=self.checkpoint_interval(), keep_checkpoints=self.keep_checkpoints,
-                            resume=resume, run_config=run_config, seed=int(seed), verbose=verbose)
+                            stop_grace=self.stop_grace, resume=resume, run_config=run_config, seed=int(seed), verbose=verbose)
 
 
 @dataclass

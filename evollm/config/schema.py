@@ -417,7 +417,7 @@ def parse_override(item: str) -> tuple[str, list[str], Any]:
 #: what ``evollm resume --set`` may change: the budget, how often the run evaluates and checkpoints,
 #: and the live logging. Everything else would make the resumed run another run.
 RESUME_SETTABLE = ("train.max_steps", "train.max_time", "train.evaluation_interval", "train.checkpoint_every",
-                   "train.keep_checkpoints", "logging")
+                   "train.keep_checkpoints", "train.stop_grace", "logging")
 
 
 def resume_settable(key: str) -> bool:

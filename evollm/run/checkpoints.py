@@ -115,11 +115,9 @@ class RunCheckpointer:
     def __init__(self, directory: str | Path, every: int = 0, keep: int | None = 3, *, env=None, mutation=None,
                  selection=None, seed: int = 0, config: dict | None = None, resume: bool = False,
                  handle_signals: bool = True, log: Callable[[str], None] = print,
-                 stop_grace: float | None | str = "default", lock: bool = True):
+                 stop_grace: float | None = STOP_GRACE, lock: bool = True):
         if every < 0 or (keep is not None and keep < 1):
             raise ValueError(f"checkpoint every={every} must be >= 0 and keep={keep} >= 1 or None")
-        if stop_grace == "default":
-            stop_grace = STOP_GRACE
         if stop_grace is not None and not stop_grace > 0:
             raise ValueError(f"stop_grace must be > 0 seconds or None, got {stop_grace}")
         self.stop_grace = stop_grace

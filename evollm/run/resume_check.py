@@ -17,7 +17,7 @@ from evollm.utils.atomic import write_json
 # run goes on, what it logs and how often it saves, never what the members learn (the same list as
 # evollm.config.schema.RESUME_SETTABLE, which `resume --set` accepts, plus the run directory itself)
 SAFE_ON_RESUME = ("train.max_steps", "train.max_time", "train.evaluation_interval", "train.checkpoint_every",
-                  "train.keep_checkpoints", "logging", "output_dir")
+                  "train.keep_checkpoints", "train.stop_grace", "logging", "output_dir")
 CHANGES_FILE = "config_changes.json"
 
 

@@ -215,7 +215,7 @@ def run_callbacks(callbacks: Sequence[Callback], settings: LoopSettings, **compo
     # first: it restores a resumed run before other callbacks start, and saves before they act on a step
     return [RunCheckpointer(settings.checkpoint_dir, settings.checkpoint_interval(), settings.keep_checkpoints,
                             resume=settings.resume, log=lambda msg: tqdm.write(msg), seed=settings.seed,
-                            config=settings.run_config, **components), *callbacks]
+                            config=settings.run_config, stop_grace=settings.stop_grace, **components), *callbacks]
 
 
 ROLLOUT_BACKENDS = ("hf", "vllm")

@@ -46,7 +46,10 @@ class LoopSettings:
     checkpoint_every: int | None = _opt(None, "Steps between checkpoints (also at every selection, on "
                                         "SIGINT/SIGTERM and at the end); None: every evaluation_interval; 0: only "
                                         "at selections, signals and the end.")
-    keep_checkpoints: int | None = _opt(3, "Newest checkpoints kept; None keeps all.")
+    keep_checkpoints: int | None = _opt(3, "Newest checkpoints kept (and the newest healthy one); None keeps all.")
+    stop_grace: float | None = _opt(20.0, "Seconds a stop signal (SIGINT/SIGTERM) waits for the current step to "
+                                    "end and be saved; a step still running then is abandoned (the last "
+                                    "checkpoint kept). None: wait for the step.")
     resume: bool = _opt(False, "Continue exactly from the newest valid checkpoint in checkpoint_dir (members and "
                         "env built as for the original run).")
     run_config: dict | None = _opt(None, "Plain data written into every checkpoint as given (the recipe's run "
@@ -75,6 +78,8 @@ class LoopSettings:
             raise ValueError(f"checkpoint_every must be >= 0 or None, got {self.checkpoint_every}")
         if self.keep_checkpoints is not None and self.keep_checkpoints < 1:
             raise ValueError(f"keep_checkpoints must be >= 1 or None, got {self.keep_checkpoints}")
+        if self.stop_grace is not None and not self.stop_grace > 0:
+            raise ValueError(f"stop_grace must be > 0 seconds or None, got {self.stop_grace}")
         if self.resume and self.checkpoint_dir is None:
             raise ValueError("resume=True needs checkpoint_dir (the folder holding the step_N checkpoints)")
 

@@ -286,7 +286,7 @@ def test_an_adapter_saved_on_another_base_is_refused(tmp_path):
 
 
 # ----------------------------------------------------------------------------- stop signals
-def test_a_stop_signal_abandons_a_step_still_running_after_stop_grace(tmp_path, tiny, monkeypatch):
+def test_a_stop_signal_abandons_a_step_still_running_after_stop_grace(tmp_path, tiny):
     import threading
 
     from conftest import make_grpo
@@ -297,7 +297,6 @@ def test_a_stop_signal_abandons_a_step_still_running_after_stop_grace(tmp_path, 
     from evollm.training import Callback
     from evollm.training.loop import finetune_llm_reasoning
 
-    monkeypatch.setattr("evollm.run.checkpoints.STOP_GRACE", 0.5)
     hang = threading.Event()
 
     def reward(completion, answer, question):
@@ -318,7 +317,7 @@ def test_a_stop_signal_abandons_a_step_still_running_after_stop_grace(tmp_path, 
     with pytest.raises(RunInterrupted) as info:
         finetune_llm_reasoning(make_grpo(model, tok, n=2, group_size=2, batch_size=4), env, max_steps=4,
                                evaluation_interval=2, verbose=False, checkpoint_dir=tmp_path / "c",
-                               checkpoint_every=1, callbacks=[Term()])
+                               checkpoint_every=1, callbacks=[Term()], stop_grace=0.5)
     assert info.value.abandoned and info.value.step == 1 and info.value.checkpoint == tmp_path / "c" / "step_1"
     assert time.monotonic() - started < 600  # not the reward's hour
     assert [s for s, _ in list_checkpoints(tmp_path / "c")] == [1]
