@@ -118,7 +118,7 @@ def run(cfg, resume: bool, quiet: bool = False) -> dict:
     ``output_dir/checkpoints``), and write the report, lineage, plots and the best member."""
     import torch
 
-    from evollm.recipes.builders import build_hpo, build_model
+    from evollm.recipes.builders import build_hpo, build_model, build_narrowing
 
     dist.init()
     main = dist.is_main_process()
@@ -142,7 +142,8 @@ def run(cfg, resume: bool, quiet: bool = False) -> dict:
                  "save_elite": cfg.train.save_elite, "elite_path": cfg.train.elite_path or str(out / "elites"),
                  "checkpoint_dir": str(out / "checkpoints"), "checkpoint_every": cfg.train.checkpoint_interval(),
                  "keep_checkpoints": cfg.train.keep_checkpoints, "resume": resume, "run_config": run_config,
-                 "max_time": cfg.train.max_time}
+                 "max_time": cfg.train.max_time, "max_time_clock": cfg.train.max_time_clock,
+                 "narrowing": build_narrowing(cfg)}
     train_cfg["callbacks"] = run_callbacks(cfg, out) if main else []  # only the main process writes
     env_type = cfg.env.type
     if cfg.rollout_backend != "hf":

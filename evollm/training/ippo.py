@@ -73,7 +73,8 @@ def finetune_ippo(teams: Sequence[IPPOTeam], task: TeamTask, max_steps: int, eva
                   population: Population | None = None, callbacks: Sequence[Callback] = (),
                   log: Callable[[str], None] | None = None, checkpoint_dir: str | Path | None = None,
                   resume: bool = False, checkpoint_every: int | None = None, keep_checkpoints: int | None = 3,
-                  run_config: dict | None = None, max_time: float | None = None) -> tuple[list, Population]:
+                  run_config: dict | None = None, max_time: float | None = None, narrowing=None,
+                  max_time_clock: str = "wall") -> tuple[list, Population]:
     """Train a population of teams on ``task``; returns ``(teams, population)`` like the other loops.
     ``population.report()`` has one row per team per evaluation, with ``success`` and per-agent columns.
     ``checkpoint_dir``, ``resume``, ``checkpoint_every``, ``keep_checkpoints``, ``run_config`` and
@@ -108,12 +109,13 @@ def finetune_ippo(teams: Sequence[IPPOTeam], task: TeamTask, max_steps: int, eva
 
     callbacks = run_callbacks([report, *callbacks], checkpoint_dir, resume, checkpoint_every, keep_checkpoints,
                               evaluation_interval, env=task, mutation=mutation, selection=tournament, seed=seed,
-                              config=run_config)
+                              config=run_config, narrowing=narrowing)
     with closing_all(callbacks):
         return evolve(teams, train_step, evaluate, max_steps=max_steps, evaluation_interval=evaluation_interval,
                       evo_steps=evo_steps, tournament=tournament, mutation=mutation, population=population,
                       save_elite=save_elite, elite_path=elite_path, verbose=verbose, seed=seed,
-                      callbacks=callbacks, log=log, max_time=max_time)
+                      callbacks=callbacks, log=log, max_time=max_time, narrowing=narrowing,
+                      max_time_clock=max_time_clock)
 
 
 def evaluate_teams_data_parallel(teams: Sequence[IPPOTeam], task: TeamTask, record: bool = True

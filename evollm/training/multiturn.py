@@ -33,6 +33,7 @@ from evollm.parallel import distributed as dist
 from ..algorithms.grpo import GRPO
 from evollm.run.population import Population
 from ..rollout import Episode, EnvPool, collect_episodes, stack_episodes
+from ..rollout.population import Fitness, mean_stderr
 from ..run.measure import member_tokens, with_costs
 from .data_parallel import seed_sampling
 from .loop import closing_all, evolve, run_callbacks
@@ -57,7 +58,10 @@ def evaluate_episodes(agents: Sequence, pool: EnvPool, seeds: Sequence[int], max
     Appends the fitness to each member's ``fitness`` when ``record``."""
     episodes = collect_episodes(agents, pool.get(len(agents) * len(seeds)), seeds, training=False,
                                 max_turns=max_turns)
-    fitness = [sum(e.episode_return for e in episodes[a.index]) / len(seeds) for a in agents]
+    returns = [[float(e.episode_return) for e in episodes[a.index]] for a in agents]
+    fitness = Fitness([sum(r) / len(seeds) for r in returns],
+                      [mean_stderr(sum(r), sum(x * x for x in r), len(r)) for r in returns],
+                      [sum(x * x for x in r) for r in returns])
     if record:
         for agent, f in zip(agents, fitness):
             agent.fitness.append(f)
@@ -78,7 +82,7 @@ def finetune_llm_multiturn(pop: Sequence, max_turns: int, env_factory: Callable[
                            callbacks: Sequence = (), checkpoint_dir: str | Path | None = None,
                            resume: bool = False, checkpoint_every: int | None = None,
                            keep_checkpoints: int | None = 3, run_config: dict | None = None,
-                           max_time: float | None = None
+                           max_time: float | None = None, narrowing=None, max_time_clock: str = "wall"
                            ) -> tuple[list, Population]:
     """Train a population on a multi-turn environment (``max_time``: wall-clock budget in seconds).
 
@@ -97,6 +101,7 @@ def finetune_llm_multiturn(pop: Sequence, max_turns: int, env_factory: Callable[
         checkpoint_dir, resume, checkpoint_every, keep_checkpoints, run_config: as in
             :func:`~evollm.training.loop.finetune_llm_reasoning` (episode seeds follow from the step, so
             there is no env state to save).
+        narrowing, max_time_clock: as in :func:`~evollm.training.loop.evolve`.
 
     Returns ``(agents, population)`` like the reasoning loop.
     """
@@ -142,9 +147,9 @@ def finetune_llm_multiturn(pop: Sequence, max_turns: int, env_factory: Callable[
 
     callbacks = run_callbacks(callbacks, checkpoint_dir, resume, checkpoint_every, keep_checkpoints,
                               evaluation_interval, mutation=mutation, selection=tournament, seed=seed,
-                              config=run_config)
+                              config=run_config, narrowing=narrowing)
     with closing_all(callbacks):
         return evolve(pop, train_step, evaluate, max_steps=max_steps, evaluation_interval=evaluation_interval,
                       evo_steps=evo_steps, tournament=tournament, mutation=mutation, population=population,
                       save_elite=save_elite, elite_path=elite_path, verbose=verbose, seed=seed,
-                      callbacks=callbacks, max_time=max_time)
+                      callbacks=callbacks, max_time=max_time, narrowing=narrowing, max_time_clock=max_time_clock)

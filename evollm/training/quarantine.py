@@ -13,6 +13,8 @@ from typing import Callable, Sequence
 
 import torch
 
+from evollm.rollout.population import Fitness
+
 
 def is_quarantined(agent) -> bool:
     return bool(getattr(agent, "quarantined", False))
@@ -70,15 +72,18 @@ def evaluate_healthy(agents: Sequence, evaluate: Callable[[list], list[float]]) 
     """Fitness in the order of ``agents``: evaluated for healthy members, -inf (also appended to the
     member's fitness history) for quarantined ones."""
     ok = healthy(agents)
-    scores = iter(evaluate(ok) if ok else [])
-    fitness = []
+    measured = evaluate(ok) if ok else []
+    scores, errors = iter(measured), iter(getattr(measured, "stderr", None) or [math.nan] * len(measured))
+    fitness, stderr = [], []
     for agent in agents:
         if is_quarantined(agent):
             agent.fitness.append(-math.inf)
             fitness.append(-math.inf)
+            stderr.append(math.nan)
         else:
             fitness.append(next(scores))
-    return fitness
+            stderr.append(next(errors))
+    return Fitness(fitness, stderr)
 
 
 def replace_quarantined(result, old_agents: Sequence, tournament) -> None:
@@ -87,11 +92,13 @@ def replace_quarantined(result, old_agents: Sequence, tournament) -> None:
     sick = {a.index for a in old_agents if is_quarantined(a)}
     if not sick:
         return
-    donors = [a for a in old_agents if not is_quarantined(a) and a.fitness]
+    scores = getattr(result, "scores", None) or {}  # the selection's ranking (held-out or training rewards)
+    score = (lambda a: scores[int(a.index)]) if scores else (lambda a: a.fitness[-1])
+    donors = [a for a in old_agents if not is_quarantined(a) and (int(a.index) in scores if scores else a.fitness)]
     if not donors:
         raise RuntimeError("every member of the population is quarantined (non-finite losses or adapters); "
                            "lower the learning rates or their hpo.hp_config ranges")
-    donor = max(donors, key=lambda a: (a.fitness[-1], -a.index))
+    donor = max(donors, key=lambda a: (score(a), -a.index))
     for slot, agent in enumerate(list(result.population)):
         parent = result.parents.get(agent.index)
         if agent.index not in sick and parent not in sick:
