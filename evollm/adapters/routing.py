@@ -9,7 +9,8 @@ matmul, so eight members cost about what one does.
 Rows are given as contiguous blocks, one block per adapter (``counts``). A forward pass
 may carry a whole multiple ``k`` of ``sum(counts)`` rows (e.g. ``k`` samples per prompt
 after ``repeat_interleave``): block ``i`` then has ``k * counts[i]`` rows. When all
-blocks have the same size the batch is simply reshaped to ``[N, rows*T, d]``;
+blocks have the same size the batch is simply reshaped to ``[N, rows*T, d]`` (so any ``N``
+equal blocks pass, e.g. one row per distinct prompt of each member in a shared-prompt forward);
 otherwise each row gathers its member's matrices.
 
 While routing is active the adapters are disabled in PEFT (so PEFT computes the
@@ -148,13 +149,13 @@ class _Router:
 
     def delta(self, layer, x: torch.Tensor) -> torch.Tensor:
         stack = self.stacks.get(id(layer)) if not self.differentiable else _stack_layer(layer, self.names)
-        rows = x.shape[0]
-        if rows % self.total:
-            raise RuntimeError(f"routed batch has {rows} rows; the routing plan covers multiples of {self.total}")
+        rows, n = x.shape[0], len(self.names)
+        if rows % (n if self.uniform else self.total):  # equal blocks: any n equal blocks of rows
+            raise RuntimeError(f"routed batch has {rows} rows; the routing plan covers multiples of "
+                               f"{n if self.uniform else self.total}")
         x = x.to(stack.A.dtype)
         shape = x.shape
         if self.uniform:
-            n = len(self.names)
             xs = x.reshape(n, -1, shape[-1])  # [N, rows_per*T, in]
             out = torch.bmm(torch.bmm(xs, stack.A), stack.B)
         else:

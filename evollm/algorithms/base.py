@@ -23,6 +23,7 @@ from evollm.parallel import zero
 from evollm.parallel.distributed import all_reduce_gradients
 from ..rollout import SamplingConfig, collate_prompts, eos_ids, forward_logprobs
 from ..rollout.sampling import check_extra
+from .clip import CLIP_NAMES, check_clip, clip_range, get_clip, set_clip
 
 _NO_ZERO = ("does not support DeepSpeed ZeRO: its optimizer is not built with evollm.parallel.zero.wrap; launch it without "
             "a DeepSpeed config")
@@ -50,8 +51,9 @@ class AgentConfig:
     update_epochs: int = 1
     max_grad_norm: float | None = 1.0
     beta: float = 0.0
-    #: symmetric clip: ratio in ``[1 - c, 1 + c]``; a tuple ``(lo, hi)`` gives the bounds themselves
-    clip_coef: float | tuple[float, float] = 0.2
+    #: alias of the clip offsets: a float ``c`` sets ``clip_low = clip_high = c``; a tuple ``(a, b)`` sets
+    #: ``clip_low = a``, ``clip_high = b`` (offsets, as TRL's epsilon / epsilon_high); None: the default
+    clip_coef: float | tuple[float, float] | None = 0.2
     #: lower clip offset: ratio >= ``1 - clip_low``; ``None``: from ``clip_coef`` (wins over it when set)
     clip_low: float | None = None
     #: upper clip offset: ratio <= ``1 + clip_high`` (DAPO's clip-higher); ``None``: from ``clip_coef``
@@ -97,57 +99,17 @@ class AgentConfig:
             raise ValueError(f"max_model_len must be an integer >= 1 or None, got {self.max_model_len!r}")
         if not (_finite(self.logits_budget_mb) and self.logits_budget_mb > 0):
             raise ValueError(f"logits_budget_mb must be > 0, got {self.logits_budget_mb!r}")
-        lo, hi = self.clip_bounds()
-        if not (_finite(lo) and _finite(hi) and 0 <= lo <= 1 <= hi):
-            raise ValueError(f"clip_coef={self.clip_coef!r} must give bounds lo <= 1 <= hi, got ({lo}, {hi})")
+        check_clip(self)
 
-    def _clip_from_coef(self) -> tuple[float, float]:
-        c = self.clip_coef
-        if isinstance(c, (tuple, list)):
-            return float(c[0]), float(c[1])
-        return 1.0 - float(c), 1.0 + float(c)
+    def default_clip(self) -> tuple[float, float]:
+        """``(clip_low, clip_high)`` when neither they nor ``clip_coef`` are given."""
+        return 0.2, 0.2
 
-    def clip_bounds(self) -> tuple[float, float]:
-        """``(lo, hi)`` ratio bounds: ``clip_low``/``clip_high`` where set, else from ``clip_coef``."""
-        lo, hi = self._clip_from_coef()
-        if self.clip_low is not None:
-            lo = 1.0 - float(self.clip_low)
-        if self.clip_high is not None:
-            hi = 1.0 + float(self.clip_high)
-        return lo, hi
-
-    def get_clip(self, name: str) -> float:
-        """Effective ``clip_low``, ``clip_high`` or ``clip_coef`` (the mean of the two offsets)."""
-        lo, hi = self.clip_bounds()
-        if name == "clip_low":
-            return 1.0 - lo
-        if name == "clip_high":
-            return hi - 1.0
-        if isinstance(self.clip_coef, (int, float)) and self.clip_low is None and self.clip_high is None:
-            return float(self.clip_coef)
-        return ((1.0 - lo) + (hi - 1.0)) / 2
-
-    def set_clip(self, name: str, value: float) -> None:
-        """Set ``clip_low``/``clip_high``, or ``clip_coef``: a symmetric float stays a float; an
-        asymmetric range (tuple, clip_low/high, or a preset) has both offsets scaled so their mean
-        is ``value`` and their ratio is kept."""
-        if name in ("clip_low", "clip_high"):
-            setattr(self, name, float(value))
-            return
-        lo, hi = self.clip_bounds()
-        plain = self.clip_low is None and self.clip_high is None and not isinstance(self.clip_coef, (tuple, list))
-        if plain and (isinstance(self.clip_coef, (int, float)) or abs((1.0 - lo) - (hi - 1.0)) < 1e-12):
-            self.clip_coef = float(value)  # a symmetric range stays a plain float
-            return
-        old = self.get_clip("clip_coef")
-        scale = float(value) / old if old > 0 else 1.0
-        low, high = (1.0 - lo) * scale, (hi - 1.0) * scale
-        if old <= 0:
-            low = high = float(value)
-        self.clip_low, self.clip_high = low, high
+    def clip_range(self) -> tuple[float, float]:
+        """``(clip_low, clip_high)`` in effect (see :mod:`evollm.algorithms.clip`, the one conversion)."""
+        return clip_range(self)
 
 
-CLIP_NAMES = ("clip_coef", "clip_low", "clip_high")
 
 
 def _finite(value) -> bool:
@@ -169,6 +131,10 @@ def build_config(config_cls, config, overrides: dict) -> Any:
     if hasattr(cfg, "validate"):
         cfg.validate()
     return cfg
+
+
+class MutationHookError(ValueError):
+    """A user's mutation hook raised (the message names the hook and the member)."""
 
 
 class LLMAgent:
@@ -283,7 +249,7 @@ class LLMAgent:
             raise ValueError(f"{name!r} cannot evolve on {type(self).__name__}; "
                              f"valid names: {sorted(self.mutable_hyperparameters())}")
         if name in CLIP_NAMES:
-            return self.config.get_clip(name)
+            return get_clip(self.config, name)
         return getattr(self.config, name)
 
     def set_hyperparameter(self, name: str, value) -> None:
@@ -294,7 +260,7 @@ class LLMAgent:
         self.get_hyperparameter(name)  # validates the name
         trial = copy.deepcopy(self.config)
         if name in CLIP_NAMES:
-            trial.set_clip(name, value)
+            set_clip(trial, name, value)
         else:
             setattr(trial, name, value)
         try:
@@ -332,7 +298,12 @@ class LLMAgent:
 
     def run_mutation_hooks(self) -> None:
         for hook in self.mutation_hooks:
-            hook(self)
+            try:
+                hook(self)
+            except Exception as e:  # noqa: BLE001 - re-raised naming the hook and the member
+                name = getattr(hook, "__qualname__", None) or type(hook).__name__
+                raise MutationHookError(f"mutation hook {name} raised {type(e).__name__}: {e} on member "
+                                        f"{self.index}") from e
 
     def clone(self, index: int | None = None, wrap: bool = True) -> "LLMAgent":
         """A new member on the same base: in-memory copies of the adapters, extra modules and

@@ -37,7 +37,7 @@ class GRPOConfig(AgentConfig):
     scale_rewards: str | None = None
     lr: float = 5e-5
     beta: float = 0.0
-    #: None: the loss type's preset range (clip_low/clip_high still win where set)
+    #: None: the loss type's preset offsets (clip_low/clip_high still win where set)
     clip_coef: float | tuple[float, float] | None = None
     #: DAPO dynamic sampling: drop groups whose rewards are all equal and refill the batch from
     #: further prompts (at most ``dynamic_sampling_max_batches`` extra batches per step)
@@ -53,11 +53,10 @@ class GRPOConfig(AgentConfig):
         name, which :meth:`validate` then rejects)."""
         return F.LOSS_PRESETS.get(self.loss_type, F.LOSS_PRESETS["grpo"])
 
-    def _clip_from_coef(self) -> tuple[float, float]:
-        if self.clip_coef is None:
-            p = self.preset()
-            return 1.0 - float(p["clip_low"]), 1.0 + float(p["clip_high"])
-        return super()._clip_from_coef()
+    def default_clip(self) -> tuple[float, float]:
+        """The loss type's preset ``(clip_low, clip_high)``."""
+        p = self.preset()
+        return float(p["clip_low"]), float(p["clip_high"])
 
     def reward_scaling(self) -> str:
         """``scale_rewards``, or the loss type's preset when unset."""
@@ -94,9 +93,6 @@ class GRPOConfig(AgentConfig):
         if self.batch_size < 1 or self.update_epochs < 1:
             raise ValueError(f"batch_size and update_epochs must be >= 1, got {self.batch_size}, "
                              f"{self.update_epochs}")
-        lo, hi = self.clip_bounds()
-        if not 0 <= lo <= 1 <= hi:
-            raise ValueError(f"clip_coef={self.clip_coef!r} must give bounds lo <= 1 <= hi, got ({lo}, {hi})")
 
 
 class ActionResult(NamedTuple):
@@ -254,14 +250,15 @@ def _prepare(agent: GRPO, experiences) -> _Prepared:
 
 
 def _joint_logprobs(agents, seqs, attn, rows_each: int, grad: bool, reference: bool = False,
-                    start: int | None = None) -> torch.Tensor:
+                    start: int | None = None, info: dict | None = None) -> torch.Tensor:
     """Log-probs of concatenated row blocks, block ``i`` under ``agents[i]`` (or the reference); the
     output head runs only from ``start`` on (the first completion position: the loss reads no column
-    before it)."""
+    before it), and each group's prompt is computed once where the model takes it (``info["shared_prompt"]``
+    says whether it did; see :func:`evollm.rollout.forward_logprobs`)."""
     a0, c = agents[0], agents[0].config
     return member_logprobs(a0.shared, [a.adapter_name("actor") for a in agents], seqs, attn, rows_each, grad,
                            reference, [a.config.temperature for a in agents], c.logprob_chunk_rows, c.logits_budget_mb,
-                           c.disable_dropout, start=start)
+                           c.disable_dropout, start=start, info=info)
 
 
 def activation_bytes_per_token(model, logits: bool = True) -> float:
@@ -386,7 +383,8 @@ def grpo_update(agents: Sequence[GRPO], experiences: Sequence) -> list[dict[str,
             for b, ref in zip(with_ref, refs.split(rows_total)):
                 b.ref = ref
     params = [a.shared.parameters(a.adapter_name("actor")) for a in agents]
-    stats = [{"loss": [], "kl": [], "clip_fraction": [], "entropy": [], "grad_norm": []} for _ in agents]
+    stats = [{"loss": [], "kl": [], "clip_fraction": [], "entropy": [], "grad_norm": [], "shared_prompt": []}
+             for _ in agents]
     gens = [torch.Generator().manual_seed(a.config.seed + a.steps) for a in agents]
     for _ in range(c0.update_epochs):
         orders = [torch.randperm(rows_total, generator=g) for g in gens]
@@ -416,9 +414,10 @@ def grpo_update(agents: Sequence[GRPO], experiences: Sequence) -> list[dict[str,
 def _learn_chunk(agents, batches, rows, stats) -> None:
     """One fused forward + backward over a group of members' minibatch rows (gradients accumulate;
     each member's loss reaches only its own adapter)."""
+    info: dict = {}
     logp = _joint_logprobs(agents, torch.cat([b.seqs[r] for b, r in zip(batches, rows)]),
                            torch.cat([b.attn[r] for b, r in zip(batches, rows)]), len(rows[0]), True,
-                           start=min(first_target(b.mask[r]) for b, r in zip(batches, rows)))
+                           start=min(first_target(b.mask[r]) for b, r in zip(batches, rows)), info=info)
     total = 0.0
     for a, b, r, lp, st in zip(agents, batches, rows, logp.split(len(rows[0])), stats):
         c, m = a.config, b.mask[r].to(lp.device)
@@ -431,13 +430,14 @@ def _learn_chunk(agents, batches, rows, stats) -> None:
                 st.setdefault(f"sampler_{k}", []).append(v)
         loss, s = F.policy_loss_with_stats(
             lp, old, b.advantages[r].to(lp.device), m,
-            loss_type=c.loss_type, clip=c.clip_bounds(), ref_logp=b.ref[r] if b.ref is not None else None,
+            loss_type=c.loss_type, clip_low=c.clip_range()[0], clip_high=c.clip_range()[1], ref_logp=b.ref[r] if b.ref is not None else None,
             beta=c.beta, max_completion_length=c.max_output_tokens, is_weights=weights)
         total = total + zero.track(a.optimizer, loss)  # under DeepSpeed ZeRO: through the member's engine
         st["loss"].append(float(loss.detach()))
         st["kl"].append(s["kl"])
         st["clip_fraction"].append(s["clip_fraction"])
         st["entropy"].append(float(F.masked_mean(-lp.detach(), m)))
+        st["shared_prompt"].append(info["shared_prompt"])  # 1: the group's prompt ran once (0: plain forward)
     total.backward()
 
 

@@ -40,7 +40,7 @@ AGENT_FIELDS: dict[str, str] = {
     "actor_learning_rate": "lr_actor", "critic_learning_rate": "lr_critic", "weight_decay": "weight_decay",
     "adam_beta1": "adam_beta1", "adam_beta2": "adam_beta2", "adam_epsilon": "adam_epsilon",
     "max_grad_norm": "max_grad_norm", "mini_batch_size": "batch_size", "ppo_epochs": "update_epochs",
-    "clip_coef": "clip_coef", "value_clip_range": "value_clip_range", "value_loss_coef": "vf_coef",
+    "clip_coef": "clip_coef", "value_clip_range": "value_clip", "value_loss_coef": "vf_coef",
     "entropy_coef": "ent_coef", "advantage_normalization": "adv_whitening", "gamma": "gamma",
     "gae_lambda": "gae_lambda", "max_new_tokens": "max_output_tokens", "temperature": "temperature",
     "top_p": "top_p", "top_k": "top_k", "do_sample": "do_sample", "use_separate_critic": "use_separate_critic",
@@ -122,8 +122,6 @@ class IPPOConfig:
 class IPPOAgentConfig(LLMPPOConfig):
     """One agent's PPO settings (LLMPPO's, plus the IPPO ones)."""
 
-    clip_coef: float | None = 0.2  # None: the ratio is never clipped
-    value_clip_range: float | None = 0.2  # None: unclipped value loss
     use_separate_critic: bool = True
     value_head_hidden_dim: int | None = None
     do_sample: bool = True
@@ -131,16 +129,9 @@ class IPPOAgentConfig(LLMPPOConfig):
     adam_beta2: float = 0.999
     adam_epsilon: float = 1e-8
 
-    def clip_bounds(self) -> tuple[float, float]:
-        return (0.0, math.inf) if self.clip_coef is None else super().clip_bounds()
-
-    def validate(self) -> None:
-        clip = self.clip_coef  # None (no ratio clipping) is valid here; the checks below need a number
-        self.clip_coef = 0.2 if clip is None else clip
-        try:
-            super().validate()
-        finally:
-            self.clip_coef = clip
+    def default_clip(self) -> tuple[float, float]:
+        """A team's ``clip_coef=None``: the ratio is never clipped (offsets 1 and inf)."""
+        return 1.0, math.inf
 
 
 class IPPOAgent(LLMPPO):
@@ -148,7 +139,6 @@ class IPPOAgent(LLMPPO):
     the fused update of :mod:`evollm.algorithms.ppo_fused`."""
 
     config_cls = IPPOAgentConfig
-    MUTABLE = LLMPPO.MUTABLE + ("value_clip_range",)
 
     @property
     def ROLES(self) -> tuple[str, ...]:  # noqa: N802 - the base class reads it as a class constant
@@ -179,12 +169,9 @@ class IPPOAgent(LLMPPO):
                                            betas=(c.adam_beta1, c.adam_beta2), eps=c.adam_epsilon),
                          c.max_grad_norm, self.__dict__.get("optimizer"))
 
-    def value_clip_range(self) -> float | None:
-        return self.config.value_clip_range
-
     def _token_values(self, ids: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         from .ppo_fused import _forward, _values, value_adapter
-        hidden = _forward([self], [value_adapter(self)], ids, attn, torch.is_grad_enabled(), True)[1]
+        hidden = _forward([self], [value_adapter(self)], ids, attn, torch.is_grad_enabled(), True, logits=False)[1]
         return _values(self, hidden)
 
     def sampling_config(self, training: bool = True, group_size: int = 1) -> SamplingConfig:

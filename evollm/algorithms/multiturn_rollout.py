@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..rollout import (attention_from_sequences, collect_episodes, evaluate_population, position_ids_from_mask,
+from ..rollout import (action_start, attention_from_sequences, collect_episodes, evaluate_population, policy_forward,
                        stack_rows)
 from .base import LLMAgent
 from .grpo import GRPO
@@ -137,8 +137,10 @@ class EpisodeAgent(LLMAgent):
         self.fitness.append(fitness)
         return fitness
 
-    def _forward_logits(self, model, ids: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
-        """``[B, L-1, V]`` next-token logits at the sampling temperature (with gradients)."""
-        logits = model(input_ids=ids, attention_mask=attn, position_ids=position_ids_from_mask(attn),
-                       use_cache=False).logits[:, :-1]
-        return logits / self.config.temperature if self.config.temperature != 1.0 else logits
+    def _policy_forward(self, model, ids: torch.Tensor, attn: torch.Tensor, action_mask: torch.Tensor,
+                        entropy_grad: bool = False, info: dict | None = None):
+        """``(logp, entropy)`` ``[B, L-1]`` at the sampling temperature (with gradients): the output head only
+        from the first action column on, each distinct prompt once (:func:`evollm.rollout.policy_forward`)."""
+        logp, entropy, _ = policy_forward(model, ids, attn, action_start(action_mask), self.config.temperature,
+                                          entropy_grad, info=info)
+        return logp, entropy

@@ -31,7 +31,7 @@ import torch
 from .. import functional as F
 from evollm.parallel import zero
 from evollm.parallel.distributed import all_reduce_gradients
-from ..rollout import first_target, loss_forward, position_ids_from_mask
+from ..rollout import action_start, first_target, forward_logits, loss_forward
 from .base import AgentConfig
 from .multiturn_rollout import (EpisodeAgent, EpisodeBatch, episode_batch, last_token_of_turn, pack_actions,
                                 unpack_actions)
@@ -50,8 +50,9 @@ class LLMPPOConfig(AgentConfig):
     lr: float = 1e-4
     lr_actor: float | None = None
     lr_critic: float | None = None
-    clip_coef: float = 0.2
-    value_clip: float | None = None  # clip range of the value loss; None: clip_coef
+    #: clip of the value loss around the old values (``|V - V_old| <= value_clip``); None: unclipped. Its own
+    #: setting: the policy clip (clip_coef / clip_low / clip_high) never moves it
+    value_clip: float | None = 0.2
     vf_coef: float = 0.5
     ent_coef: float = 0.0
     gamma: float = 1.0
@@ -78,9 +79,8 @@ class LLMPPOConfig(AgentConfig):
                              f"{self.update_epochs}, {self.group_size}")
         if not (0.0 <= self.gamma <= 1.0 and 0.0 <= self.gae_lambda <= 1.0):
             raise ValueError(f"gamma and gae_lambda must be in [0, 1], got {self.gamma}, {self.gae_lambda}")
-        lo, hi = self.clip_bounds()
-        if not 0 <= lo <= 1 <= hi:
-            raise ValueError(f"clip_coef={self.clip_coef!r} must give bounds lo <= 1 <= hi, got ({lo}, {hi})")
+        if self.value_clip is not None and not (isinstance(self.value_clip, (int, float)) and self.value_clip >= 0):
+            raise ValueError(f"value_clip must be >= 0 or None (unclipped), got {self.value_clip!r}")
 
 
 class LLMPPO(EpisodeAgent):
@@ -92,8 +92,9 @@ class LLMPPO(EpisodeAgent):
 
     config_cls = LLMPPOConfig
     ROLES = ("actor", "critic")
-    MUTABLE = ("lr", "lr_actor", "lr_critic", "clip_coef", "clip_low", "clip_high", "vf_coef", "ent_coef", "gamma", "gae_lambda", "beta",
-               "update_epochs", "batch_size", "temperature", "top_p", "top_k", "max_grad_norm")
+    MUTABLE = ("lr", "lr_actor", "lr_critic", "clip_coef", "clip_low", "clip_high", "value_clip", "vf_coef", "ent_coef",
+               "gamma", "gae_lambda", "beta", "update_epochs", "batch_size", "temperature", "top_p", "top_k",
+               "max_grad_norm")
 
     # ------------------------------------------------------------------ networks and optimizer
     def _init_extra_modules(self) -> None:
@@ -124,15 +125,16 @@ class LLMPPO(EpisodeAgent):
             self._set_group_lr("critic", value)
 
     # ------------------------------------------------------------------ critic
-    def _token_values(self, ids: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+    def _token_values(self, ids: torch.Tensor, attn: torch.Tensor, first: int = 0) -> torch.Tensor:
         """``[B, L-1]`` critic values; position ``t`` is the value of the prefix ``ids[:, :t+1]`` (the state
-        from which ``ids[:, t+1]`` is generated). Gradients flow when called with grad enabled."""
+        from which ``ids[:, t+1]`` is generated), from column ``first`` on (0 before it: the columns no action
+        reads; the prompt runs once per group, see :func:`evollm.rollout.forward_logits`, and the output head
+        not at all). Gradients flow when called with grad enabled."""
         with loss_forward(self.shared, self.adapter_name("critic"), torch.is_grad_enabled(),
                           self.config.disable_dropout) as model:
-            out = model(input_ids=ids, attention_mask=attn, position_ids=position_ids_from_mask(attn),
-                        use_cache=False, output_hidden_states=True)
-            hidden = out.hidden_states[-1][:, :-1]
-        return self.value_head(hidden.to(self.value_head.weight.dtype)).squeeze(-1)
+            hidden = forward_logits(model, ids, attn, first, head=False)[1]
+        values = self.value_head(hidden.to(self.value_head.weight.dtype)).squeeze(-1)
+        return torch.nn.functional.pad(values, (first, 0))
 
     def get_values(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         """``[B, L-1]`` critic values of every prefix (see :meth:`_token_values`). No gradients."""
@@ -200,15 +202,16 @@ class LLMPPO(EpisodeAgent):
         n = ids.shape[0]
         needs_old = c.update_epochs > 1 or c.batch_size < n
         with torch.no_grad():
-            old_values, vmask = self._state_values(self._token_values(ids, attn), batch, token_level)
             first = first_target(mask)  # the loss reads no column before the first action token
+            old_values, vmask = self._state_values(self._token_values(ids, attn, action_start(mask)), batch,
+                                                   token_level)
             old_logp = self.get_logprobs(ids, attn, start=first) if needs_old else None
             ref_logp = self.get_logprobs(ids, attn, use_reference=True, start=first) if c.beta > 0 else None
             token_adv, returns, _ = self._advantages(batch, old_values, vmask, token_level)
-        vclip = c.value_clip if c.value_clip is not None else c.clip_bounds()[1] - 1.0
 
         stats: dict[str, list[float]] = {k: [] for k in ("loss", "policy_loss", "value_loss", "entropy", "kl",
-                                                         "clip_fraction", "grad_norm_actor", "grad_norm_critic")}
+                                                         "clip_fraction", "grad_norm_actor", "grad_norm_critic",
+                                                         "shared_prompt")}
         gen = torch.Generator().manual_seed(c.seed + self.steps)
         for _ in range(c.update_epochs):
             order = torch.randperm(n, generator=gen)
@@ -218,20 +221,20 @@ class LLMPPO(EpisodeAgent):
                 self.optimizer.zero_grad(set_to_none=True)
                 # actor: clipped policy loss (+ KL) - entropy bonus
                 with loss_forward(self.shared, self.adapter_name("actor"), True, c.disable_dropout) as model:
-                    logits = self._forward_logits(model, sub.input_ids, sub.attention_mask)
-                    logp = F.token_logprobs(logits, sub.input_ids[:, 1:])
-                    with torch.set_grad_enabled(c.ent_coef != 0):
-                        entropy = F.masked_mean(F.entropy_from_logits(logits), sub.action_mask)
-                    del logits
+                    info: dict = {}
+                    logp, entropy = self._policy_forward(model, sub.input_ids, sub.attention_mask, sub.action_mask,
+                                                         c.ent_coef != 0, info)
+                    entropy = F.masked_mean(entropy, sub.action_mask)
                     pg_loss, st = F.policy_loss_with_stats(
                         logp, old_logp[rows] if old_logp is not None else logp.detach(), token_adv[rows],
-                        sub.action_mask, loss_type="dapo", clip=c.clip_bounds(),
+                        sub.action_mask, loss_type="dapo", clip_low=c.clip_range()[0], clip_high=c.clip_range()[1],
                         ref_logp=ref_logp[rows] if ref_logp is not None else None, beta=c.beta)
                     actor_loss = pg_loss - c.ent_coef * entropy
                     zero.track(self.optimizer, actor_loss, "actor").backward()
                 # critic: clipped value loss
-                values, _ = self._state_values(self._token_values(sub.input_ids, sub.attention_mask), sub, token_level)
-                v_loss = F.value_loss(values, old_values[rows], returns[rows], vmask[rows], clip=vclip)
+                values, _ = self._state_values(self._token_values(sub.input_ids, sub.attention_mask,
+                                                                  action_start(sub.action_mask)), sub, token_level)
+                v_loss = F.value_loss(values, old_values[rows], returns[rows], vmask[rows], clip=c.value_clip)
                 zero.track(self.optimizer, c.vf_coef * v_loss, "critic").backward()
                 for name, norm in zip(("grad_norm_actor", "grad_norm_critic"), self.clip_and_step_groups()):
                     stats[name].append(norm)
@@ -241,6 +244,7 @@ class LLMPPO(EpisodeAgent):
                 stats["entropy"].append(float(entropy.detach()))
                 stats["kl"].append(st["kl"])
                 stats["clip_fraction"].append(st["clip_fraction"])
+                stats["shared_prompt"].append(info["shared_prompt"])
         self.steps += 1
         metrics = {k: sum(v) / len(v) for k, v in stats.items()}
         episode_returns = batch.episode_returns()

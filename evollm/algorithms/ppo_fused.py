@@ -23,25 +23,16 @@ from .. import functional as F
 from evollm.parallel import zero
 from ..adapters.routing import ROUTED, batch_path, routed
 from .multiturn_rollout import EpisodeBatch, episode_batch
-from ..rollout import position_ids_from_mask
+from ..rollout import action_start, forward_logits
 from ..rollout.logprobs import loss_forward
 
 METRICS = ("loss", "policy_loss", "value_loss", "entropy", "kl", "clip_fraction", "grad_norm_actor",
-           "grad_norm_critic")
+           "grad_norm_critic", "shared_prompt")
 
 
 def value_adapter(agent) -> str:
     """The adapter the member's value head reads: its critic, or its actor when it has no critic."""
     return agent.adapter_name("critic" if "critic" in agent.ROLES else "actor")
-
-
-def value_clip(agent) -> float | None:
-    """The member's value-loss clip range (None: unclipped)."""
-    fn = getattr(agent, "value_clip_range", None)
-    if callable(fn):
-        return fn()
-    c = agent.config
-    return c.value_clip if c.value_clip is not None else c.clip_bounds()[1] - 1.0
 
 
 def update_key(agent, rows: int) -> tuple:
@@ -50,22 +41,30 @@ def update_key(agent, rows: int) -> tuple:
     return (id(agent.shared), c.update_epochs, c.batch_size, rows, "critic" in agent.ROLES, agent.pad_token_id)
 
 
-def _forward(agents: Sequence, names: Sequence[str] | None, ids, attn, grad: bool, hidden: bool):
+def _forward(agents: Sequence, names: Sequence[str] | None, ids, attn, grad: bool, hidden: bool, first: int = 0,
+             logits: bool = True, info: dict | None = None):
     """One forward over the shared base, block ``i`` of the rows through ``names[i]`` (the reference
     model when ``names`` is None), dropout off as in every loss forward (the policy contract of
     :func:`evollm.rollout.logprobs.loss_forward`). Adapters that cannot be routed exactly (e.g. DoRA)
-    run member by member through PEFT's own forward. Returns ``(logits [N, L-1, V], last hidden
-    [N, L-1, H] or None)``."""
+    run member by member through PEFT's own forward. Returns ``(logits [N, L-1-first, V] (None without
+    ``logits``: the output head does not run), last hidden [N, L-1, H] (zeros before column ``first``) or
+    None)``: the output head runs from the first action column ``first`` on, and each block's rows that
+    share a prompt compute it once (``info["shared_prompt"]`` says whether they did; see
+    :func:`evollm.rollout.forward_logits`)."""
     shared = agents[0].shared
     if names is not None and len(names) > 1 and batch_path(shared, names) != ROUTED:
         k = ids.shape[0] // len(names)
-        parts = [_forward(agents, [n], ids[i * k:(i + 1) * k], attn[i * k:(i + 1) * k], grad, hidden)
-                 for i, n in enumerate(names)]
+        infos = [{} for _ in names]
+        parts = [_forward(agents, [n], ids[i * k:(i + 1) * k], attn[i * k:(i + 1) * k], grad, hidden, first, logits,
+                          infos[i]) for i, n in enumerate(names)]
         if grad:  # selecting the next member froze the previous one's tensors in PEFT; the backward needs them
             for name in names:
                 for p in shared.parameters(name):
                     p.requires_grad_(True)
-        return (torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]) if hidden else None)
+        if info is not None:
+            info["shared_prompt"] = min(i["shared_prompt"] for i in infos)
+        return (torch.cat([p[0] for p in parts]) if logits else None,
+                torch.cat([p[1] for p in parts]) if hidden else None)
     if names is None:
         ctx = shared.reference()
     elif len(names) == 1:
@@ -75,9 +74,15 @@ def _forward(agents: Sequence, names: Sequence[str] | None, ids, attn, grad: boo
     with torch.set_grad_enabled(grad), ctx as model:
         if names is not None and len(names) > 1:
             model.eval()  # dropout off; routing never applies LoRA dropout
-        out = model(input_ids=ids, attention_mask=attn, position_ids=position_ids_from_mask(attn), use_cache=False,
-                    output_hidden_states=hidden)
-    return out.logits[:, :-1], (out.hidden_states[-1][:, :-1] if hidden else None)
+        out, states, used = forward_logits(model, ids, attn, first, hidden, len(names) if names else 1, head=logits)
+    if info is not None:
+        info["shared_prompt"] = float(used)
+    return out, (torch.nn.functional.pad(states, (0, 0, first, 0)) if hidden else None)
+
+
+def _logprobs(agent, logits: torch.Tensor, ids: torch.Tensor, first: int) -> torch.Tensor:
+    """``[B, L-1]`` log-probs of ``ids[:, 1:]`` from the logits of columns ``first`` on (0 before)."""
+    return torch.nn.functional.pad(F.token_logprobs(_scaled(agent, logits), ids[:, first + 1:]), (first, 0))
 
 
 def _scaled(agent, logits: torch.Tensor) -> torch.Tensor:
@@ -135,22 +140,23 @@ def ppo_update(agents: Sequence, experiences: Sequence) -> list[dict[str, float]
     critics = [value_adapter(a) for a in agents]
     needs_old = c0.update_epochs > 1 or bs < n
     with_ref = any(a.config.beta > 0 for a in agents)
+    first = min(action_start(m.batch.action_mask) for m in members)  # the losses read no earlier column
     with torch.no_grad():  # old log-probs, values and reference, a minibatch of rows per member at a time
         parts: dict[str, list] = {"logp": [], "values": [], "ref": []}
         for start in range(0, n, bs):
             ids = torch.cat([m.batch.input_ids[start:start + bs] for m in members])
             attn = torch.cat([m.batch.attention_mask[start:start + bs] for m in members])
-            logits, hidden = _forward(agents, actors, ids, attn, False, not separate)
+            logits, hidden = _forward(agents, actors, ids, attn, False, not separate, first)
             if separate:
-                hidden = _forward(agents, critics, ids, attn, False, True)[1]
+                hidden = _forward(agents, critics, ids, attn, False, True, first, logits=False)[1]
             k = ids.shape[0] // len(agents)
             parts["values"].append([_values(a, hidden[i * k:(i + 1) * k]) for i, a in enumerate(agents)])
             if needs_old:
-                parts["logp"].append([F.token_logprobs(_scaled(a, logits[i * k:(i + 1) * k]), ids[i * k:(i + 1) * k, 1:])
+                parts["logp"].append([_logprobs(a, logits[i * k:(i + 1) * k], ids[i * k:(i + 1) * k], first)
                                       for i, a in enumerate(agents)])
             if with_ref:
-                ref = _forward(agents, None, ids, attn, False, False)[0]
-                parts["ref"].append([F.token_logprobs(_scaled(a, ref[i * k:(i + 1) * k]), ids[i * k:(i + 1) * k, 1:])
+                ref = _forward(agents, None, ids, attn, False, False, first)[0]
+                parts["ref"].append([_logprobs(a, ref[i * k:(i + 1) * k], ids[i * k:(i + 1) * k], first)
                                      for i, a in enumerate(agents)])
             del logits, hidden
         for i, m in enumerate(members):
@@ -174,10 +180,13 @@ def ppo_update(agents: Sequence, experiences: Sequence) -> list[dict[str, float]
                 a.optimizer.zero_grad(set_to_none=True)
             # actors (and value heads on them): one forward, one backward; a separate critic's forward
             # runs after the actors' backward (switching adapters must not touch a graph still in use)
-            logits, hidden = _forward(agents, actors, ids, attn, True, not separate)
+            first = min(action_start(s.action_mask) for s in subs)
+            info: dict = {}
+            logits, hidden = _forward(agents, actors, ids, attn, True, not separate, first, info=info)
             total = 0.0
             for i, (m, r, sub) in enumerate(zip(members, rows, subs)):
-                loss = _policy_loss(m, r, sub, logits[i * k:(i + 1) * k])
+                m.stats["shared_prompt"].append(info["shared_prompt"])
+                loss = _policy_loss(m, r, sub, logits[i * k:(i + 1) * k], first)
                 if not separate:  # the value head on the actor: its loss reaches both groups
                     loss = loss + _value_loss(m, r, sub, hidden[i * k:(i + 1) * k])
                 # under DeepSpeed ZeRO: through the engines of the groups the loss reaches
@@ -185,7 +194,7 @@ def ppo_update(agents: Sequence, experiences: Sequence) -> list[dict[str, float]
             del logits, hidden
             total.backward()  # each member's loss reaches only its own adapters and value head
             if separate:
-                hidden = _forward(agents, critics, ids, attn, True, True)[1]
+                hidden = _forward(agents, critics, ids, attn, True, True, first, logits=False)[1]
                 total = sum(zero.track(m.agent.optimizer, _value_loss(m, r, sub, hidden[i * k:(i + 1) * k]), "critic")
                             for i, (m, r, sub) in enumerate(zip(members, rows, subs)))
                 del hidden
@@ -197,16 +206,17 @@ def ppo_update(agents: Sequence, experiences: Sequence) -> list[dict[str, float]
     return [_finish(m) for m in members]
 
 
-def _policy_loss(m: _Member, rows: torch.Tensor, sub: EpisodeBatch, logits: torch.Tensor) -> torch.Tensor:
-    """Clipped policy loss (+ ``beta`` * KL) - ``ent_coef`` * entropy of one member's minibatch."""
+def _policy_loss(m: _Member, rows: torch.Tensor, sub: EpisodeBatch, logits: torch.Tensor, first: int) -> torch.Tensor:
+    """Clipped policy loss (+ ``beta`` * KL) - ``ent_coef`` * entropy of one member's minibatch (``logits`` of
+    the columns from ``first`` on)."""
     a, c = m.agent, m.agent.config
     logits = _scaled(a, logits)
-    logp = F.token_logprobs(logits, sub.input_ids[:, 1:])
+    logp = torch.nn.functional.pad(F.token_logprobs(logits, sub.input_ids[:, first + 1:]), (first, 0))
     with torch.set_grad_enabled(c.ent_coef != 0):
-        entropy = F.masked_mean(F.entropy_from_logits(logits), sub.action_mask)
+        entropy = F.masked_mean(F.entropy_from_logits(logits), sub.action_mask[:, first:])
     pg_loss, st = F.policy_loss_with_stats(
         logp, m.old_logp[rows] if m.old_logp is not None else logp.detach(), m.token_adv[rows], sub.action_mask,
-        loss_type="dapo", clip=c.clip_bounds(), ref_logp=m.ref_logp[rows] if m.ref_logp is not None else None,
+        loss_type="dapo", clip_low=c.clip_range()[0], clip_high=c.clip_range()[1], ref_logp=m.ref_logp[rows] if m.ref_logp is not None else None,
         beta=c.beta)
     loss = pg_loss - c.ent_coef * entropy
     s = m.stats
@@ -222,7 +232,7 @@ def _value_loss(m: _Member, rows: torch.Tensor, sub: EpisodeBatch, hidden: torch
     """``vf_coef`` * (clipped) value loss of one member's minibatch (added to its ``loss`` metric)."""
     a, c = m.agent, m.agent.config
     values, _ = a._state_values(_values(a, hidden), sub, m.token_level)
-    v_loss = F.value_loss(values, m.old_values[rows], m.returns[rows], m.vmask[rows], clip=value_clip(a))
+    v_loss = F.value_loss(values, m.old_values[rows], m.returns[rows], m.vmask[rows], clip=c.value_clip)
     m.stats["value_loss"].append(float(v_loss.detach()))
     m.stats["loss"][-1] += c.vf_coef * float(v_loss.detach())
     return c.vf_coef * v_loss

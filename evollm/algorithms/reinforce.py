@@ -35,7 +35,6 @@ class LLMREINFORCEConfig(AgentConfig):
 
     lr: float = 1e-4
     gamma: float = 1.0
-    clip_coef: float = 0.2
     update_epochs: int = 1
     batch_size: int = 8
     group_size: int = 1
@@ -50,9 +49,6 @@ class LLMREINFORCEConfig(AgentConfig):
                              f"{self.update_epochs}, {self.group_size}")
         if not 0.0 <= self.gamma <= 1.0:
             raise ValueError(f"gamma must be in [0, 1], got {self.gamma}")
-        lo, hi = self.clip_bounds()
-        if not 0 <= lo <= 1 <= hi:
-            raise ValueError(f"clip_coef={self.clip_coef!r} must give bounds lo <= 1 <= hi, got ({lo}, {hi})")
 
 
 class LLMREINFORCE(EpisodeAgent):
@@ -94,28 +90,28 @@ class LLMREINFORCE(EpisodeAgent):
         ref_logp = self.get_logprobs(ids, attn, use_reference=True, start=first) if c.beta > 0 else None
         params = self.shared.parameters(self.adapter_name("actor"))
 
-        stats: dict[str, list[float]] = {k: [] for k in ("loss", "kl", "clip_fraction", "entropy", "grad_norm")}
+        stats: dict[str, list[float]] = {k: [] for k in ("loss", "kl", "clip_fraction", "entropy", "grad_norm",
+                                                         "shared_prompt")}
         gen = torch.Generator().manual_seed(c.seed + self.steps)
         with loss_forward(self.shared, self.adapter_name("actor"), True, c.disable_dropout) as model:
             for _ in range(c.update_epochs):
                 order = torch.randperm(n, generator=gen)
                 for start in range(0, n, c.batch_size):
                     rows = order[start:start + c.batch_size].to(dev)
-                    logits = self._forward_logits(model, ids[rows], attn[rows])
-                    logp = F.token_logprobs(logits, ids[rows][:, 1:])
-                    with torch.no_grad():
-                        entropy = F.masked_mean(F.entropy_from_logits(logits), mask[rows])
-                    del logits
+                    info: dict = {}
+                    logp, entropy = self._policy_forward(model, ids[rows], attn[rows], mask[rows], info=info)
+                    entropy = F.masked_mean(entropy, mask[rows])
                     # with old == current (first pass) the clipped surrogate's gradient is exactly -A * grad log pi
                     loss, st = F.policy_loss_with_stats(
                         logp, old_logp[rows] if old_logp is not None else logp.detach(), advantages[rows], mask[rows],
-                        loss_type="dapo", clip=c.clip_bounds(),
+                        loss_type="dapo", clip_low=c.clip_range()[0], clip_high=c.clip_range()[1],
                         ref_logp=ref_logp[rows] if ref_logp is not None else None, beta=c.beta)
                     stats["grad_norm"].append(self.optimizer_step(loss, params))
                     stats["loss"].append(float(loss.detach()))
                     stats["kl"].append(st["kl"])
                     stats["clip_fraction"].append(st["clip_fraction"])
                     stats["entropy"].append(float(entropy))
+                    stats["shared_prompt"].append(info["shared_prompt"])
         self.steps += 1
         metrics = {k: sum(v) / len(v) for k, v in stats.items()}
         returns = batch.episode_returns()

@@ -130,6 +130,13 @@ class NarrowingSection(Section):
     def finalize(self) -> None:
         self.build()
 
+    def check(self, selection) -> None:
+        """The schedule never narrows below what ``selection`` needs."""
+        narrowing = self.build()
+        if narrowing is not None and narrowing.min_size < selection.min_population:
+            raise ConfigError(f"hpo.narrowing.min_size={narrowing.min_size} is below what hpo.selection needs "
+                              f"({selection.min_population} members); raise it")
+
 
 @dataclass
 class HPOSection(Section):
@@ -151,6 +158,20 @@ class HPOSection(Section):
     def parameters(self) -> dict:
         """``{name: RLParameter}`` of hp_config (default ranges filled in)."""
         return {name: spec.parameter(name) for name, spec in self.hp_config.items()}
+
+    def search_space(self, population_size: int, evolvable, fixed):
+        """hp_config (default ranges filled in), or, with several members and no hp_config given, the
+        default space (:func:`evollm.hpo.defaults.default_hp_config` over ``evolvable()``, less the names
+        in ``fixed``: values the user set); ``None`` when nothing evolves."""
+        from evollm.hpo import HyperparameterConfig
+        from evollm.hpo.defaults import default_hp_config
+
+        params = self.parameters()
+        if params:
+            return HyperparameterConfig(**params)
+        if self.given("hp_config") or population_size < 2:
+            return None
+        return default_hp_config(evolvable(), fixed=fixed)
 
 
 def check_ranges(space, agent_config) -> None:

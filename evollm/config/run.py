@@ -123,8 +123,10 @@ class TaskSection(Section):
                        "own, see `dataset`), 'relay_sum' (IPPO teams) or a multi-turn game ('guess_number', 'chain_calc'). Default: "
                        "'dataset' when `dataset` is given.", choices=task_names)
     reward: str = option("exact_match", "Reward of a single-turn task: a built-in name ('exact_match', "
-                         "'exact_match+format', 'last_number', 'numeric_closeness') or a dotted path "
-                         "'mypkg.rewards:score' to a function (completion, answer, question) -> float.",
+                         "'exact_match+format', 'last_number', 'numeric_closeness'), a module path "
+                         "'mypkg.rewards:score' or a file path 'path/to/rewards.py:score' (relative to the "
+                         "config's folder or the working directory) to a function (completion, answer, "
+                         "question) -> float, or a TRL-style (completions, **kwargs) -> list[float].",
                          when={"name": SINGLE_TURN_TASKS})
     n_train: int | None = option(None, "Training questions: generated (arithmetic, default 2000) or the first "
                                  "rows kept (dataset, default all).", when={"name": SINGLE_TURN_TASKS})
@@ -198,7 +200,8 @@ class TaskSection(Section):
         except ValueError:
             raise ConfigError(f"task.reward={self.reward!r} is not valid; "
                               f"{did_you_mean(self.reward, list(BUILTIN_REWARDS))}choose one of "
-                              f"{sorted(BUILTIN_REWARDS)} or a dotted path like 'mypkg.rewards:score'") from None
+                              f"{sorted(BUILTIN_REWARDS)}, a module path like 'mypkg.rewards:score' or a file "
+                              "path like 'rewards.py:score'") from None
         if len(self.digits) != 2 or not 1 <= self.digits[0] <= self.digits[1]:
             raise ConfigError(f"task.digits must be [smallest, largest] with 1 <= smallest <= largest, "
                               f"got {self.digits}")
@@ -417,6 +420,23 @@ class RunConfig(Section):
         return super().from_dict(data, where)
 
     @classmethod
+    def prepare(cls, data: dict, where: str) -> dict:
+        # a misspelt evolvable name is reported as such, before its (partial) range is checked
+        hpo = data.get("hpo")
+        hp = hpo.get("hp_config") if isinstance(hpo, dict) else None
+        if isinstance(hp, dict) and hp and isinstance(data.get("algorithm"), dict):
+            try:
+                alg = AlgorithmSection.from_dict(data["algorithm"], "algorithm")
+            except ConfigError:
+                return data  # reported when the section loads
+            evolvable = _evolvable(alg)
+            for name in hp:
+                if name not in evolvable:
+                    raise ConfigError(f"hpo.hp_config.{name}: {alg.name} cannot evolve it; "
+                                      f"{did_you_mean(name, evolvable)}evolvable: {sorted(evolvable)}")
+        return data
+
+    @classmethod
     def from_yaml(cls, path: str | Path, overrides: list[str] | None = None) -> "RunConfig":
         """Read ``path`` and apply ``--set`` style ``overrides`` (``section.key=value``, value as YAML)."""
         data = read_yaml(path)
@@ -444,7 +464,7 @@ class RunConfig(Section):
                 and self.algorithm.init_sampler is None:
             raise ConfigError("hpo.hp_config has no effect without train.evo_steps or algorithm.init_sampler; "
                               "set one or remove it")
-        evolvable = self.evolvable()
+        evolvable = _evolvable(self.algorithm)
         for name in self.hpo.hp_config:
             if name not in evolvable:
                 raise ConfigError(f"hpo.hp_config.{name}: {self.algorithm.name} cannot evolve it; "
@@ -459,30 +479,12 @@ class RunConfig(Section):
         check_ranges(self.hp_config(), self.algorithm.agent_config(self.seed))
         if self.train.evo_steps is not None:
             self.hpo.mutation.build(self.seed)
-            selection = self.hpo.selection.build(self.algorithm.population_size, self.seed)
-            narrowing = self.hpo.narrowing.build()
-            if narrowing is not None and narrowing.min_size < selection.min_population:
-                raise ConfigError(f"hpo.narrowing.min_size={narrowing.min_size} is below what hpo.selection needs "
-                                  f"({selection.min_population} members); raise it")
-
-    def evolvable(self) -> list[str]:
-        """The names the algorithm's members can evolve."""
-        cls = algorithm_class(self.algorithm.name)
-        return (list(cls.evolvable_names(self.algorithm.agent_config())) if hasattr(cls, "evolvable_names")
-                else [*cls.MUTABLE, "lora_rank"])
+            self.hpo.narrowing.check(self.hpo.selection.build(self.algorithm.population_size, self.seed))
 
     def hp_config(self):
-        """hpo.hp_config (default ranges filled in), or with several members and no hp_config, the
-        default space (:func:`evollm.hpo.defaults.default_hp_config`); ``None`` when nothing evolves."""
-        from evollm.hpo import HyperparameterConfig
-        from evollm.hpo.defaults import default_hp_config
-
-        params = self.hpo.parameters()
-        if params:
-            return HyperparameterConfig(**params)
-        if self.hpo.given("hp_config") or self.algorithm.population_size < 2:
-            return None
-        return default_hp_config(self.evolvable(), fixed=self.algorithm.hyperparameters)
+        """The search space (:meth:`HPOSection.search_space`); ``None`` when nothing evolves."""
+        alg = self.algorithm
+        return self.hpo.search_space(alg.population_size, lambda: _evolvable(alg), alg.hyperparameters)
 
     def resolve_paths(self) -> None:
         """Paths the run writes, relative to ``output_dir`` unless absolute (in place)."""
@@ -490,6 +492,12 @@ class RunConfig(Section):
 
     def checkpoint_dir(self) -> Path:
         return Path(self.output_dir) / "checkpoints"
+
+
+def _evolvable(alg: "AlgorithmSection") -> list[str]:
+    cls = algorithm_class(alg.name)
+    return (list(cls.evolvable_names(alg.agent_config())) if hasattr(cls, "evolvable_names")
+            else [*cls.MUTABLE, "lora_rank"])
 
 
 def describe_config() -> str:

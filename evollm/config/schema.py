@@ -343,7 +343,7 @@ def check_no_effect(root: Section) -> None:
                 other = path if "." in path else section.where(path)
                 valid = "" if callable(allowed) else f" (it applies when {other} is one of {list(allowed)})"
                 raise ConfigError(f"{section.where(f.name)} has no effect when {other}={actual!r}{valid}; "
-                                  "remove it")
+                                  f"remove it (on the command line: --set {section.where(f.name)}=null)")
 
 
 def resolve_paths(root: Section, output_dir: str | Path) -> None:
@@ -378,7 +378,28 @@ def read_yaml(path: str | Path) -> dict:
 
 
 def apply_override(data: dict, item: str) -> None:
-    """Apply one ``section.key=value`` override (the value is parsed as YAML) to raw config data."""
+    """Apply one ``section.key=value`` override (the value is parsed as YAML) to raw config data.
+    ``null`` removes a section or mapping (``--set hpo.mutation=null``: back to its defaults, or
+    absent); a plain setting set to ``null`` is null (``--set train.evo_steps=null``)."""
+    key, parts, value = parse_override(item)
+    node = data
+    for depth, part in enumerate(parts[:-1]):
+        if value is None and not isinstance(node.get(part), dict):
+            return  # removing something that is not there
+        child = node.setdefault(part, {})
+        if child is None:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            raise ConfigError(f"--set {item!r}: {'.'.join(parts[:depth + 1])} is a value, not a section")
+        node = child
+    if value is None and (isinstance(node.get(parts[-1]), dict) or parts[-1] not in node):
+        node.pop(parts[-1], None)
+        return
+    node[parts[-1]] = value
+
+
+def parse_override(item: str) -> tuple[str, list[str], Any]:
+    """``(dotted key, its parts, value)`` of a ``section.key=value`` override, or a one-line error."""
     if not isinstance(item, str) or "=" not in item:
         raise ConfigError(f"--set {item!r} must look like section.key=value (e.g. train.max_steps=10)")
     key, text = item.split("=", 1)
@@ -389,12 +410,24 @@ def apply_override(data: dict, item: str) -> None:
         value = yaml.safe_load(text) if text.strip() else None
     except yaml.YAMLError as e:
         raise ConfigError(f"--set {item!r}: the value is not valid YAML ({getattr(e, 'problem', e)})") from e
-    node = data
-    for depth, part in enumerate(parts[:-1]):
-        child = node.setdefault(part, {})
-        if child is None:
-            child = node[part] = {}
-        if not isinstance(child, dict):
-            raise ConfigError(f"--set {item!r}: {'.'.join(parts[:depth + 1])} is a value, not a section")
-        node = child
-    node[parts[-1]] = value
+    return key.strip(), parts, value
+
+
+#: what ``evollm resume --set`` may change: the budget, how often the run evaluates and checkpoints,
+#: and the live logging. Everything else would make the resumed run another run.
+RESUME_SETTABLE = ("train.max_steps", "train.max_time", "train.evaluation_interval", "train.checkpoint_every",
+                   "train.keep_checkpoints", "logging")
+
+
+def resume_settable(key: str) -> bool:
+    """Whether ``--set key=...`` may change a run that resumes (see :data:`RESUME_SETTABLE`)."""
+    return any(key == k or key.startswith(k + ".") for k in RESUME_SETTABLE)
+
+
+def check_resume_override(item: str) -> str:
+    """The dotted key of a ``--set`` that a resumed run accepts, or a one-line :class:`ConfigError`."""
+    key, _, _ = parse_override(item)
+    if not resume_settable(key):
+        raise ConfigError(f"--set {item!r}: {key} cannot change when resuming (it would make another run); "
+                          f"resume can change {', '.join(k + ('.*' if '.' not in k else '') for k in RESUME_SETTABLE)}")
+    return key

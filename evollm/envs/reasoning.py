@@ -8,23 +8,76 @@ identical work.
 
 from __future__ import annotations
 
-import inspect
-import math
 import warnings
 from typing import Callable, Sequence
 
 import numpy as np
 import torch
 
+from .reward_call import (RewardFunctionError, call_batched, call_per_sample, check_signature,
+                          extra_columns_wanted, is_batched)
 
-class RewardFunctionError(RuntimeError):
-    """A reward function raised, or returned something that is not a finite number."""
+__all__ = ["ReasoningGym", "RewardFunctionError", "conversation_template", "prompt_messages", "render_prompt"]
 
 
 class _Fields(dict):
     def __missing__(self, key):
-        raise ValueError(f"conversation_template uses {{{key}}}, which is not a dataset column; "
+        raise ValueError(f"the prompt template uses {{{key}}}, which is not a dataset column; "
                          f"columns: {sorted(self)} (write {{{{ and }}}} for literal braces)")
+
+
+def fill_template(template: Sequence[dict], fields: dict) -> list[dict]:
+    """The template's messages with every ``{column}`` filled from ``fields`` (``str.format`` rules)."""
+    fields = _Fields(fields)
+    return [{**m, "content": str(m["content"]).format_map(fields)} for m in template]
+
+
+def _is_messages(value) -> bool:
+    return isinstance(value, (list, tuple)) and bool(value) and all(
+        isinstance(m, dict) and "role" in m and "content" in m for m in value)
+
+
+def prompt_messages(row: dict, template: Sequence[dict] | None) -> tuple[list[dict] | str, dict]:
+    """The prompt of one dataset row and the row as the reward sees it.
+
+    Returns ``(messages or raw text, fields)``; ``fields`` holds ``question`` (and ``answer`` when the
+    row has one), ``prompt`` (what a TRL-style reward receives as ``prompts``) and ``conversational``.
+    A row may be
+
+    * question/answer (``question`` column): the template's ``{question}``, ``{answer}``, ``{column}``
+      placeholders are filled (default template: one user message ``{question}``);
+    * TRL standard (``prompt`` column holding text): without a template the text is the prompt as it is
+      (no chat template, as TRL); with one, ``{prompt}`` or ``{question}`` is that text;
+    * conversational (``prompt`` holding a list of messages, or ``messages``, whose final assistant
+      message, if any, is the reference answer): the messages as they are, after the template's system
+      message (when the row has none) and before its prefill (a final assistant message).
+    """
+    row = dict(row)
+    conv_key = next((k for k in ("prompt", "messages") if _is_messages(row.get(k))), None)
+    if conv_key is not None:
+        messages = [dict(m) for m in row[conv_key]]
+        if conv_key == "messages" and messages[-1]["role"] == "assistant":
+            row.setdefault("answer", messages.pop()["content"])
+        users = [m["content"] for m in messages if m["role"] == "user"]
+        row.setdefault("question", users[-1] if users else "")
+        original = [dict(m) for m in messages]
+        tpl = list(template or [])
+        if tpl and tpl[0]["role"] == "system" and messages[0]["role"] != "system":
+            messages = fill_template(tpl[:1], row) + messages
+        if len(tpl) > 1 and tpl[-1]["role"] == "assistant":
+            messages = messages + fill_template(tpl[-1:], row)
+        row.update(prompt=original, conversational=True)
+        return messages, row
+    if "question" not in row and isinstance(row.get("prompt"), str):
+        row["question"] = row["prompt"]
+        if template is None:
+            return row["prompt"], {**row, "conversational": False}
+    if "question" not in row:
+        raise ValueError(f"needs a 'question' column (or TRL's 'prompt', or conversational 'messages'); "
+                         f"its columns: {sorted(row)}")
+    row.setdefault("prompt", row["question"])
+    row["conversational"] = False
+    return fill_template(template or [{"role": "user", "content": "{question}"}], row), row
 
 
 def render_prompt(tokenizer, template: Sequence[dict], fields: dict, chat_template_kwargs: dict | None = None) -> str:
@@ -33,8 +86,14 @@ def render_prompt(tokenizer, template: Sequence[dict], fields: dict, chat_templa
     A final ``assistant`` message is a prefill that the completion continues
     (``continue_final_message``); otherwise a generation prompt opens the assistant turn. Without a
     chat template the message contents are joined by newlines."""
-    fields = _Fields(fields)
-    messages = [{**m, "content": str(m["content"]).format_map(fields)} for m in template]
+    return render_messages(tokenizer, fill_template(template, fields), chat_template_kwargs)
+
+
+def render_messages(tokenizer, messages: Sequence[dict] | str, chat_template_kwargs: dict | None = None) -> str:
+    """Prompt text of ``messages`` (see :func:`render_prompt`); a string is a raw prompt, used as it is."""
+    if isinstance(messages, str):
+        return messages
+    messages = list(messages)
     if not getattr(tokenizer, "chat_template", None):
         return "\n".join(m["content"] for m in messages)
     prefill = bool(messages) and messages[-1]["role"] == "assistant"
@@ -59,15 +118,19 @@ class ReasoningGym:
     """Dataset-backed single-turn environment.
 
     Args:
-        train_dataset, test_dataset: datasets (or lists of dicts) with ``question`` and ``answer``
-            columns; any other column is kept and may be used as a template placeholder.
+        train_dataset, test_dataset: datasets (or lists of dicts) in any of the forms of
+            :func:`prompt_messages`: ``question``/``answer`` columns, TRL's ``prompt`` (text or a list
+            of messages) or conversational ``messages``; every other column is kept for templates and
+            rewards.
         tokenizer: any Hugging Face tokenizer.
-        reward_fn: ``reward_fn(completion, answer, question) -> float``. ``answer`` and ``question``
-            are the dataset's own values (not converted to ``str``); a reward function that takes
-            other columns by name (or ``**kwargs``) receives them too.
+        reward_fn: per sample, ``reward_fn(completion, answer, question) -> float`` (``answer`` and
+            ``question`` are the dataset's own values; a function that takes other columns by name,
+            or ``**kwargs``, receives them too); or TRL-style batched,
+            ``reward_fn(completions, **kwargs) -> list[float]`` (see :mod:`evollm.envs.reward_call`).
         conversation_template: messages whose contents may contain ``{question}``, ``{answer}`` or
             any other column; a final ``assistant`` message is continued by the completion (see
-            :func:`conversation_template`).
+            :func:`conversation_template`). ``None``: one user message ``{question}``, a TRL text
+            prompt as it is, a conversational prompt's own messages.
         data_batch_size_per_gpu: prompts per training batch.
         max_context_length: prompts with more tokens are dropped with a warning (or rejected, see
             ``long_prompts``).
@@ -78,7 +141,7 @@ class ReasoningGym:
     """
 
     def __init__(self, train_dataset, test_dataset, tokenizer, reward_fn: Callable[..., float],
-                 conversation_template: Sequence[dict], data_batch_size_per_gpu: int = 8,
+                 conversation_template: Sequence[dict] | None = None, data_batch_size_per_gpu: int = 8,
                  max_context_length: int | None = None, seed: int = 42, eval_batch_size: int = 64,
                  long_prompts: str = "filter", chat_template_kwargs: dict | None = None):
         if data_batch_size_per_gpu < 1:
@@ -86,9 +149,13 @@ class ReasoningGym:
         if long_prompts not in ("filter", "raise"):
             raise ValueError(f"long_prompts={long_prompts!r} is not valid; choose 'filter' or 'raise'")
         self.tokenizer = tokenizer
+        if not callable(reward_fn):
+            raise ValueError(f"reward_fn must be a function, got {type(reward_fn).__name__}")
+        check_signature(reward_fn)
         self.reward_fn = reward_fn
-        self._reward_extra = _extra_columns_wanted(reward_fn)
-        self.template = list(conversation_template)
+        self.batched_reward = is_batched(reward_fn)
+        self._reward_extra = extra_columns_wanted(reward_fn)
+        self.template = None if conversation_template is None else list(conversation_template)
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self.batch_size = int(data_batch_size_per_gpu)
         self.max_context_length = max_context_length
@@ -110,9 +177,15 @@ class ReasoningGym:
     def _encode(self, dataset, split: str) -> list[dict]:
         rows, too_long = [], []
         for i, row in enumerate(dataset):
-            if "question" not in row or "answer" not in row:
-                raise ValueError(f"{split} row {i} needs 'question' and 'answer' columns, got {sorted(row)}")
-            text = render_prompt(self.tokenizer, self.template, dict(row), self.chat_template_kwargs)
+            try:
+                messages, fields = prompt_messages(row, self.template)
+            except ValueError as e:
+                raise ValueError(f"{split} row {i}: {e}") from None
+            if "answer" not in fields and not self.batched_reward:
+                raise ValueError(f"{split} row {i} has no 'answer' column (columns: {sorted(dict(row))}); a reward "
+                                 "(completion, answer, question) needs one (task.columns.answer names it), a "
+                                 "TRL-style reward (completions, **kwargs) does not")
+            text = render_messages(self.tokenizer, messages, self.chat_template_kwargs)
             ids = self.tokenizer(text, add_special_tokens=False, return_tensors="pt")["input_ids"]
             if self.max_context_length is not None and ids.shape[1] > self.max_context_length:
                 if self.long_prompts == "raise":
@@ -120,15 +193,26 @@ class ReasoningGym:
                                      f"max_context_length={self.max_context_length}")
                 too_long.append(ids.shape[1])
                 continue
-            rows.append({"input_ids": ids, "attention_mask": torch.ones_like(ids), "question": row["question"],
-                         "answer": row["answer"], "text": text,
-                         "extra": _extra_fields(row, self._reward_extra)})
+            columns = {k: v for k, v in dict(row).items()}
+            columns.setdefault("question", fields["question"])
+            if "answer" in fields:
+                columns.setdefault("answer", fields["answer"])
+            rows.append({"input_ids": ids, "attention_mask": torch.ones_like(ids), "question": fields["question"],
+                         "answer": fields.get("answer"), "text": text, "prompt": fields["prompt"],
+                         "conversational": fields["conversational"],
+                         "extra": _extra_fields(fields, self._reward_extra),
+                         "columns": columns if self.batched_reward else {}})
         if too_long:
             warnings.warn(f"{split}: dropped {len(too_long)} of {len(too_long) + len(rows)} prompts longer than "
-                          f"max_context_length={self.max_context_length} tokens (longest {max(too_long)})",
+                          f"env.max_context_length={self.max_context_length} tokens (longest {max(too_long)})",
                           stacklevel=3)
         if not rows:
-            raise ValueError(f"{split} dataset is empty" + (" after dropping over-long prompts" if too_long else ""))
+            if too_long:
+                raise ValueError(f"{split} dataset is empty after dropping over-long prompts: all {len(too_long)} "
+                                 f"are longer than env.max_context_length={self.max_context_length} tokens "
+                                 f"(shortest {min(too_long)}, longest {max(too_long)}); raise "
+                                 "env.max_context_length")
+            raise ValueError(f"{split} dataset is empty")
         return rows
 
     def longest_prompt(self) -> int:
@@ -163,8 +247,22 @@ class ReasoningGym:
         agent's ``get_action`` (left-padded prompt + completion) or a list of strings."""
         prompts = self.reset() if prompts is None else prompts
         texts = self.decode(completions, prompts)
-        rewards = [[self._reward(t, p, i) for t in group] for i, (group, p) in enumerate(zip(texts, prompts))]
-        return torch.tensor(rewards, dtype=torch.float32)
+        return torch.tensor(self.rewards(texts, prompts), dtype=torch.float32)
+
+    def rewards(self, texts: Sequence[Sequence[str]], prompts: Sequence[dict]) -> list[list[float]]:
+        """Rewards of decoded completions, ``texts[i]`` answering ``prompts[i]`` (one batched call of a
+        TRL-style reward, or one call per sample)."""
+        if not self.batched_reward:
+            return [[call_per_sample(self.reward_fn, t, p, i) for t in group]
+                    for i, (group, p) in enumerate(zip(texts, prompts))]
+        flat = [t for group in texts for t in group]
+        rows = [p for group, p in zip(texts, prompts) for _ in group]
+        values = call_batched(self.reward_fn, flat, rows) if flat else []
+        out, k = [], 0
+        for group in texts:
+            out.append(values[k:k + len(group)])
+            k += len(group)
+        return out
 
     def step(self, completions) -> tuple[list[dict], torch.Tensor]:
         """Score the current batch, then move on. Returns ``(next_prompts, rewards [batch, group])``."""
@@ -226,39 +324,11 @@ class ReasoningGym:
             ids = ids[:ids.index(eos)]
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
-    def _reward(self, completion: str, prompt: dict, i: int) -> float:
-        try:
-            r = self.reward_fn(completion, prompt["answer"], prompt["question"], **prompt.get("extra", {}))
-        except Exception as e:  # noqa: BLE001 - re-raised with the sample named
-            raise RewardFunctionError(f"reward_fn raised {type(e).__name__}: {e} on sample {i} "
-                                      f"(question={prompt['question']!r}, completion={completion!r})") from e
-        try:
-            value = float(r)
-        except (TypeError, ValueError):
-            value = math.nan
-        if not math.isfinite(value):
-            raise RewardFunctionError(f"reward_fn returned {r!r} (not a finite number) on sample {i} "
-                                      f"(question={prompt['question']!r}, completion={completion!r})")
-        return value
-
     def __len__(self) -> int:
         return len(self.train)
 
 
-def _extra_columns_wanted(fn) -> tuple[str, ...] | None:
-    """Extra dataset columns ``fn`` takes as keywords: their names, or ``None`` for all of them
-    (a ``**kwargs`` parameter)."""
-    try:
-        params = list(inspect.signature(fn).parameters.values())
-    except (TypeError, ValueError):
-        return ()
-    if any(p.kind is p.VAR_KEYWORD for p in params):
-        return None
-    named = [p.name for p in params[3:] if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
-    return tuple(n for n in named if n not in ("question", "answer", "completion"))
-
-
 def _extra_fields(row, wanted: tuple[str, ...] | None) -> dict:
     if wanted is None:
-        return {k: v for k, v in dict(row).items() if k not in ("question", "answer")}
+        return {k: v for k, v in dict(row).items() if k not in ("question", "answer", "prompt", "conversational")}
     return {k: row[k] for k in wanted if k in row}

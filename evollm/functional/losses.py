@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import math
-from typing import Dict, Optional, Sequence, Tuple, Union
+from typing import Dict, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -45,7 +45,6 @@ LOSS_PRESETS: Dict[str, Dict[str, object]] = {
 #: Valid values of ``loss_type`` for :func:`policy_loss`.
 LOSS_TYPES: Tuple[str, ...] = tuple(LOSS_PRESETS)
 
-ClipSpec = Union[float, Sequence[float]]
 #: Valid values of ``mode`` for :func:`sampler_importance_weights` (TRL's ``vllm_importance_sampling_mode``).
 SAMPLER_CORRECTIONS: Tuple[str, ...] = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 
@@ -59,23 +58,14 @@ def k3_kl(logp: Tensor, ref_logp: Tensor) -> Tensor:
     return torch.exp(d) - d - 1
 
 
-def _clip_range(clip: ClipSpec) -> Tuple[float, float]:
-    if isinstance(clip, (int, float)):
-        c = float(clip)
-        return 1.0 - c, 1.0 + c
-    lo, hi = (float(c) for c in clip)
-    if lo > hi:
-        raise ValueError(f"clip range must satisfy lo <= hi, got ({lo}, {hi})")
-    return lo, hi
-
-
 def policy_loss_with_stats(
     logp: Tensor,
     old_logp: Tensor,
     advantages: Tensor,
     mask: Tensor,
     loss_type: str = "grpo",
-    clip: ClipSpec = (0.8, 1.2),
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
     ref_logp: Optional[Tensor] = None,
     beta: float = 0.0,
     max_completion_length: Optional[int] = None,
@@ -91,7 +81,8 @@ def policy_loss_with_stats(
             ``[B, T]`` per-token advantages.
         mask: ``[B, T]`` completion-token mask.
         loss_type: one of :data:`LOSS_TYPES`.
-        clip: ``(lo, hi)`` ratio bounds, or a float ``c`` meaning ``(1-c, 1+c)``.
+        clip_low, clip_high: the clip offsets: the ratio is clipped to
+            ``[lo, hi] = [1 - clip_low, 1 + clip_high]`` (``clip_high=inf``: no upper clip).
         ref_logp: ``[B, T]`` reference-model log-probs (needed when beta > 0).
         beta: weight of the per-token k3 KL penalty.
         max_completion_length: divisor length for ``dr_grpo``.
@@ -138,7 +129,10 @@ def policy_loss_with_stats(
         raise ValueError("beta > 0 requires ref_logp")
     if loss_type == "dr_grpo" and (max_completion_length is None or max_completion_length <= 0):
         raise ValueError("loss_type 'dr_grpo' requires a positive max_completion_length")
-    lo, hi = _clip_range(clip)
+    if not (0.0 <= clip_low <= 1.0 and clip_high >= 0.0):
+        raise ValueError(f"clip offsets must satisfy 0 <= clip_low <= 1 and clip_high >= 0, "
+                         f"got ({clip_low}, {clip_high})")
+    lo, hi = 1.0 - float(clip_low), 1.0 + float(clip_high)
     B, T = logp.shape
     valid = _valid(mask)
     zero = torch.zeros((), dtype=logp.dtype, device=logp.device)
@@ -196,7 +190,8 @@ def policy_loss(
     advantages: Tensor,
     mask: Tensor,
     loss_type: str = "grpo",
-    clip: ClipSpec = (0.8, 1.2),
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
     ref_logp: Optional[Tensor] = None,
     beta: float = 0.0,
     max_completion_length: Optional[int] = None,
@@ -204,7 +199,7 @@ def policy_loss(
 ) -> Tensor:
     """Scalar policy loss; see :func:`policy_loss_with_stats` for the semantics."""
     return policy_loss_with_stats(
-        logp, old_logp, advantages, mask, loss_type=loss_type, clip=clip,
+        logp, old_logp, advantages, mask, loss_type=loss_type, clip_low=clip_low, clip_high=clip_high,
         ref_logp=ref_logp, beta=beta, max_completion_length=max_completion_length, is_weights=is_weights,
     )[0]
 

@@ -43,6 +43,7 @@ def build_population(cfg, model, tokenizer, hp_config):
 
 
 RUN_CONFIG = "run_config.json"
+_RUN_DIR: Path | None = None  # the run `evollm train` started (for the resume hint after a second Ctrl-C)
 
 
 def run_callbacks(cfg, out: Path) -> list:
@@ -79,18 +80,40 @@ def train(config_path: str, overrides: list[str] | None = None, quiet: bool = Fa
 
     dist.init()  # under `accelerate launch`: one process per device, the population on each
     cfg = RunConfig.from_yaml(config_path, overrides)  # every setting is checked before any model is built
+    if cfg.env.type == "reasoning":  # a reward module or file, found from the config's folder or here, remembered
+        from evollm.tasks.reward_spec import locate_reward
+        cfg.task.reward = locate_reward(cfg.task.reward, [Path(config_path).resolve().parent, Path.cwd()])
     out = Path(cfg.output_dir)
-    if dist.is_main_process():  # only the main process writes the run directory
+    main = dist.is_main_process()
+    global _RUN_DIR
+    _RUN_DIR = out
+    if main:  # only the main process writes the run directory
         prepare_output_dir(out, overwrite)
         out.mkdir(parents=True, exist_ok=True)
         write_json(out / RUN_CONFIG, cfg.to_dict(explicit=True))
-    return run(cfg, resume=False, quiet=quiet)
+    try:
+        return run(cfg, resume=False, quiet=quiet)
+    except Exception:
+        if main:
+            forget_failed_start(out)
+        raise
+
+
+def forget_failed_start(out: Path) -> bool:
+    """A run that failed before its first step (a bad reward, dataset or template found while starting)
+    leaves no "previous run" behind, so the corrected command runs without --overwrite. Returns whether
+    the run directory was removed (it holds no checkpoint and no step's metrics)."""
+    if not out.is_dir() or (out / "metrics.csv").exists() or any((out / "checkpoints").glob("step_*")):
+        return False
+    shutil.rmtree(out, ignore_errors=True)
+    return True
 
 
 def resume(run_dir: str, overrides: list[str] | None = None, quiet: bool = False) -> dict:
-    """``evollm resume RUN_DIR``: continue a run from its newest valid checkpoint. Only
-    ``train.max_steps`` may change (to extend a run)."""
+    """``evollm resume RUN_DIR``: continue a run from its newest valid checkpoint. Only the budget,
+    the evaluation/checkpoint intervals and logging may change (:data:`evollm.config.schema.RESUME_SETTABLE`)."""
     from evollm.config import RunConfig, apply_override
+    from evollm.config.schema import check_resume_override
 
     out = Path(run_dir)
     if not out.is_dir():
@@ -103,9 +126,7 @@ def resume(run_dir: str, overrides: list[str] | None = None, quiet: bool = False
     except ValueError as e:
         raise ConfigError(f"{out / RUN_CONFIG} is not valid JSON ({e})") from e
     for item in overrides or []:
-        if not item.startswith("train.max_steps="):
-            raise ConfigError(f"--set {item!r}: only train.max_steps can change when resuming (the rest would "
-                              "make it another run)")
+        check_resume_override(item)  # the budget, evaluation/checkpoint intervals and logging may change
         apply_override(data, item)
     data["output_dir"] = str(out)
     cfg = RunConfig.from_dict(data)
@@ -118,7 +139,8 @@ def run(cfg, resume: bool, quiet: bool = False) -> dict:
     ``output_dir/checkpoints``), and write the report, lineage, plots and the best member."""
     import torch
 
-    from evollm.recipes.builders import build_hpo, build_model, build_narrowing
+    from evollm.recipes.builders import build_hpo, build_model, build_narrowing, build_task
+    from evollm.tasks.user import check_task
 
     dist.init()
     main = dist.is_main_process()
@@ -132,6 +154,10 @@ def run(cfg, resume: bool, quiet: bool = False) -> dict:
     if main:  # only the main process writes the run directory
         write_json(out / "config.json", cfg.to_dict())
     t0 = time.perf_counter()
+    task = None
+    if cfg.env.type == "reasoning":  # dataset, columns, template and reward: checked before the model loads
+        task = build_task(cfg.task, cfg.seed)
+        check_task(*task)
     model, tokenizer = build_model(cfg.model, cfg.seed, cfg.task.name)
     if dist.is_distributed():
         model.to(dist.device())
@@ -153,17 +179,25 @@ def run(cfg, resume: bool, quiet: bool = False) -> dict:
     say = print if main else (lambda *a, **k: None)
     say(f"evollm: {len(members)} x {type(members[0]).__name__} on one shared base "
         f"({sum(p.numel() for p in members[0].shared.base_parameters()):,} base parameters), env={env_type}")
-    if env_type == "reasoning":
-        from evollm.recipes.runners import run_reasoning
-        result = run_reasoning(cfg, members, tokenizer, train_cfg, evo_steps, selection, mutation, quiet)
-    elif env_type == "multiturn":
-        from evollm.recipes.runners import run_multiturn
-        result = run_multiturn(cfg, members, tokenizer, train_cfg, evo_steps, selection, mutation, quiet)
-    elif env_type == "team":
-        from evollm.recipes.runners import run_team
-        result = run_team(cfg, members, tokenizer, train_cfg, evo_steps, selection, mutation, quiet)
-    else:
-        raise ValueError(f"env.type={env_type!r} is not valid; choose one of ['reasoning', 'multiturn', 'team']")
+    from evollm.run import RunInterrupted
+
+    try:
+        if env_type == "reasoning":
+            from evollm.recipes.runners import run_reasoning
+            result = run_reasoning(cfg, members, tokenizer, train_cfg, evo_steps, selection, mutation, quiet,
+                                   task=task)
+        elif env_type == "multiturn":
+            from evollm.recipes.runners import run_multiturn
+            result = run_multiturn(cfg, members, tokenizer, train_cfg, evo_steps, selection, mutation, quiet)
+        elif env_type == "team":
+            from evollm.recipes.runners import run_team
+            result = run_team(cfg, members, tokenizer, train_cfg, evo_steps, selection, mutation, quiet)
+        else:
+            raise ValueError(f"env.type={env_type!r} is not valid; choose one of ['reasoning', 'multiturn', 'team']")
+    except RunInterrupted:
+        if main:  # a stopped segment counts towards the run's wall time
+            _record_segment(out, time.perf_counter() - t0, resume)
+        raise
     agents, population = result["agents"], result["population"]
     result["num_processes"] = dist.num_processes()
     if not main:
@@ -172,7 +206,10 @@ def run(cfg, resume: bool, quiet: bool = False) -> dict:
     paths.update({p.stem + "_plot": p for p in sorted(out.glob("*.png"))})
     best = population.best()
     best.save_checkpoint(out / "best_member")
-    result["wall_time_s"] = time.perf_counter() - t0
+    segment = time.perf_counter() - t0
+    result["wall_time_s"] = segment + _earlier_segments(out, resume)
+    result["wall_time_last_segment_s"] = segment
+    _record_segment(out, segment, resume)
     summary = {k: v for k, v in result.items() if k not in ("agents", "population")}
     summary.update(best_member=best.index, outputs={k: str(v) for k, v in paths.items()})
     write_json(out / "summary.json", summary)
@@ -181,14 +218,39 @@ def run(cfg, resume: bool, quiet: bool = False) -> dict:
     cols = [c for c in ("step", "generation", "member", "parent", "fitness", "train_reward", "hp_lr", "hp_beta",
                         "hp_clip_coef", "hp_lora_rank") if c in report.columns]
     print(report[cols].tail(2 * len(agents)).to_string(index=False))
+    took = f"{result['wall_time_s']:.0f} s" + (f", {segment:.0f} s since the resume" if resume else "")
     print(f"\nwarm start fitness {result['initial_fitness']:.3f} -> best member {best.index} "
-          f"fitness {result['final_fitness']:.3f}   ({result['wall_time_s']:.0f} s)")
+          f"fitness {result['final_fitness']:.3f}   ({took})")
     print(f"outputs in {out}/: report.csv, lineage.csv, metrics.csv, *.png, tensorboard/, best_member/ "
           f"(evollm report {out})")
     return summary
 
 
-USER_ERRORS = (ConfigError, ValueError, TypeError, KeyError, OSError)
+from evollm.envs.reward_call import RewardFunctionError  # noqa: E402  (a user's reward that failed)
+
+SEGMENTS = "segments.json"
+
+
+def _earlier_segments(out: Path, resume: bool) -> float:
+    """Wall seconds of a resumed run's earlier segments (each start or resume until it ended or stopped)."""
+    try:
+        return float(sum(json.loads((out / SEGMENTS).read_text()))) if resume else 0.0
+    except (OSError, ValueError, TypeError):
+        return 0.0
+
+
+def _record_segment(out: Path, seconds: float, resume: bool) -> None:
+    earlier = []
+    if resume:
+        try:
+            earlier = list(json.loads((out / SEGMENTS).read_text()))
+        except (OSError, ValueError, TypeError):
+            earlier = []
+    if out.is_dir():
+        write_json(out / SEGMENTS, [*earlier, round(seconds, 3)])
+
+
+USER_ERRORS = (ConfigError, ValueError, TypeError, KeyError, OSError, RewardFunctionError)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -202,7 +264,9 @@ def main(argv: list[str] | None = None) -> int:
     p_resume.add_argument("run_dir")
     for p in (p_train, p_resume):
         p.add_argument("--set", dest="overrides", action="append", default=[],
-                       help="override a config value, e.g. --set train.max_steps=10 (resume: only train.max_steps)")
+                       help="override a config value, e.g. --set train.max_steps=10; KEY=null removes a section "
+                            "(resume: train.max_steps/max_time/evaluation_interval/checkpoint_every/"
+                            "keep_checkpoints and logging.*)")
         p.add_argument("--quiet", action="store_true", help="no progress bar")
         p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                        help="show the full traceback of an error")
@@ -212,12 +276,22 @@ def main(argv: list[str] | None = None) -> int:
     p_report.add_argument("--no-plots", dest="plots", action="store_false", help="only print the summary")
     p_report.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                           help="show the full traceback of an error")
+    p_export = sub.add_parser("export", help="write the best member merged into its base (+ tokenizer and the "
+                              "prompt template) as a model folder you can serve")
+    p_export.add_argument("run_dir")
+    p_export.add_argument("out")
+    p_export.add_argument("--overwrite", action="store_true", help="replace a non-empty OUT")
+    p_export.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                          help="show the full traceback of an error")
     args = parser.parse_args(argv)
     from transformers.utils import logging as hf_logging
 
     from evollm.run import RunInterrupted
 
     hf_logging.disable_progress_bar()
+    import datasets
+
+    datasets.disable_progress_bars()  # "Generating train split" bars of a user's dataset file
     run_dir = getattr(args, "run_dir", None)
     try:
         if args.command == "train":
@@ -227,6 +301,11 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "report":
             from evollm.run.report import report_run
             report_run(args.run_dir, args.out, plots=args.plots)
+        elif args.command == "export":
+            from evollm.recipes.export import PROMPT_FILE, export_run
+            path = export_run(args.run_dir, args.out, overwrite=args.overwrite)
+            print(f"evollm: best member merged into its base in {path}/ (AutoModelForCausalLM.from_pretrained); "
+                  f"the prompt it was trained on: {path / PROMPT_FILE}")
     except RunInterrupted as e:
         target = run_dir or str(e.checkpoint.parent.parent)
         print(f"evollm: stopped after step {e.step}; checkpoint saved in {e.checkpoint}\n"
@@ -235,7 +314,15 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         if args.debug:
             raise
-        print("evollm: interrupted before a checkpoint could be saved", file=sys.stderr)
+        target = Path(run_dir) if run_dir else _RUN_DIR
+        saved = sorted((target / "checkpoints").glob("step_*/manifest.json"),
+                       key=lambda p: int(p.parent.name.split("_")[-1]) if p.parent.name.split("_")[-1].isdigit()
+                       else -1) if target is not None else []
+        if saved:
+            print(f"evollm: interrupted before a new checkpoint could be saved; the newest is {saved[-1].parent}\n"
+                  f"resume with: evollm resume {target}", file=sys.stderr)
+        else:
+            print("evollm: interrupted before a checkpoint could be saved", file=sys.stderr)
         return 130
     except USER_ERRORS as e:
         if args.debug:

@@ -3,7 +3,9 @@ warm start, train, measure again."""
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 from typing import Callable
 
 from tqdm.auto import tqdm
@@ -20,19 +22,31 @@ from ..training.data_parallel import evaluate_data_parallel
 from ..training.ippo import finetune_ippo
 from ..training.loop import finetune_llm_reasoning
 from ..training.multiturn import EVAL_SEED_OFFSET, evaluate_episodes, finetune_llm_multiturn, success_rate
+from ..utils.atomic import write_json
 from .builders import build_task
 
+#: the base's held-out fitness, measured once when a run starts (``evollm resume`` reads it back)
+WARM_START = "warm_start.json"
 
-def run_reasoning(cfg, members, tokenizer, train_cfg: dict, evo_steps, selection, mutation, quiet: bool) -> dict:
-    train_ds, test_ds, reward_fn, template = build_task(cfg.task, cfg.seed)
+
+def run_reasoning(cfg, members, tokenizer, train_cfg: dict, evo_steps, selection, mutation, quiet: bool,
+                  task=None) -> dict:
+    train_ds, test_ds, reward_fn, template = task if task is not None else build_task(cfg.task, cfg.seed)
     # data_batch_size_per_gpu is per process: the env yields the global batch, each process its share
     env = ReasoningGym(train_ds, test_ds, tokenizer, reward_fn, template, seed=cfg.seed,
                        data_batch_size_per_gpu=cfg.env.data_batch_size_per_gpu * dist.num_processes(),
                        max_context_length=cfg.env.max_context_length, eval_batch_size=cfg.env.eval_batch_size,
                        long_prompts=cfg.env.long_prompts, chat_template_kwargs=cfg.task.chat_template_kwargs)
-    initial = evaluate_data_parallel(members[:1], env, evaluate_population, record=False)[0]
+    saved = Path(cfg.output_dir) / WARM_START
+    if train_cfg.get("resume") and saved.is_file():  # measured when the run started: not again on every resume
+        initial = float(json.loads(saved.read_text())["initial_fitness"])
+    else:
+        initial = evaluate_data_parallel(members[:1], env, evaluate_population, record=False)[0]
+        if dist.is_main_process():
+            write_json(saved, {"initial_fitness": initial})
     if dist.is_main_process():
-        print(f"warm start: held-out accuracy {initial:.3f} on {len(env.test_prompts())} fixed test questions")
+        print(f"warm start: held-out fitness {initial:.3f} (mean reward, greedy) on {len(env.test_prompts())} "
+              "fixed test questions" + (" (measured when the run started)" if train_cfg.get("resume") else ""))
     agents, population = finetune_llm_reasoning(
         members, env, evo_steps=evo_steps, tournament=selection, mutation=mutation, verbose=not quiet,
         seed=cfg.seed, **train_cfg)

@@ -12,20 +12,25 @@ import torch
 
 from ..adapters.routing import ROUTED, batch_path, routed
 from ..adapters.shared import checkpointing
-from ..functional import token_logprobs
+from ..functional import entropy_from_logits, token_logprobs
+from .prefix import prefix_plan, reentrant_checkpointing, shared_forward, shared_prompt_support, worth_sharing
 from .tokens import position_ids_from_mask
 
 
 def forward_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                      temperature: float | torch.Tensor = 1.0, chunk_rows: int | None = None,
-                     with_entropy: bool = False, logits_budget_mb: float = 256.0, start: int | None = None):
+                     with_entropy: bool = False, logits_budget_mb: float = 256.0, start: int | None = None,
+                     blocks: int = 1, info: dict | None = None, shared_prompt: bool | None = None):
     """Per-token log-probs ``[B, L-1]`` of ``input_ids[:, 1:]`` under ``model`` at ``temperature``
     (a float, or a ``[B]`` tensor: each row's own).
 
     ``start``: the first target position that matters (e.g. the prompt length, where the completion
     begins; :func:`first_target` reads it off an action mask). The output head and log-softmax then run
     only on positions ``>= start - 1`` (through the model's ``logits_to_keep`` where its forward takes
-    it, else by slicing the logits) and the columns before ``start - 1`` are 0 (entropies too).
+    it, else by slicing the logits) and the columns before ``start - 1`` are 0 (entropies too). Rows that
+    share their tokens before ``start - 1`` (a group's prompt) compute them once (:func:`forward_logits`);
+    ``blocks``: the rows are that many equal blocks, each through its own adapter (a routed forward),
+    which never share; ``info["shared_prompt"]`` says (1.0/0.0) whether the prompts were shared.
 
     Rows are processed ``chunk_rows`` at a time so that at most ``[chunk_rows, L, V]`` logits
     exist at once; by default as many rows as fit ``logits_budget_mb`` of float32 logits (one row
@@ -37,14 +42,95 @@ def forward_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tenso
     device = next(model.parameters()).device
     first = min(max(int(start or 0) - 1, 0), input_ids.shape[1] - 1)  # first logits position needed
     keep = input_ids.shape[1] - first
-    if chunk_rows is None:
+    if blocks > 1:
+        chunk_rows = input_ids.shape[0]  # each block through its own adapter: one pass
+    elif chunk_rows is None:
         vocab = model.get_output_embeddings().weight.shape[0]
         row_bytes = 4 * keep * vocab
         chunk_rows = max(1, int(logits_budget_mb * 2**20 // row_bytes))
+    outs, ents, shared = [], [], []
+    for row in range(0, input_ids.shape[0], chunk_rows):
+        ids = input_ids[row:row + chunk_rows].to(device)
+        logits, _, used = forward_logits(model, ids, attention_mask[row:row + chunk_rows].to(device), first,
+                                         blocks=blocks, shared_prompt=shared_prompt)
+        shared.append(used)
+        if isinstance(temperature, torch.Tensor):
+            logits = logits / temperature[row:row + chunk_rows].to(logits.device, logits.dtype).view(-1, 1, 1)
+        elif temperature != 1.0:
+            logits = logits / temperature
+        outs.append(token_logprobs(logits, ids[:, first + 1:]))
+        if with_entropy:
+            with torch.no_grad():
+                lf = logits.detach().float()
+                ents.append(torch.logsumexp(lf, -1) - (lf.softmax(-1) * lf).sum(-1))
+        del logits
+    if info is not None:
+        info["shared_prompt"] = float(all(shared))
+    logp = torch.nn.functional.pad(torch.cat(outs), (first, 0))
+    return (logp, torch.nn.functional.pad(torch.cat(ents), (first, 0))) if with_entropy else logp
+
+
+def forward_logits(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, first: int, hidden: bool = False,
+                   blocks: int = 1, shared_prompt: bool | None = None, head: bool = True):
+    """``(logits, hidden, shared)``: the next-token logits of positions ``[first, L-1)`` (``[B, L-1-first, V]``,
+    predicting ``input_ids[:, first+1:]``), with ``hidden`` the last hidden layer there (else None), and
+    whether the rows' prefixes ``[:, :first]`` were computed once per distinct prefix (per block of
+    ``blocks`` equal row blocks, each through its own adapter) and the rest run against their keys and
+    values (:mod:`evollm.rollout.prefix`). ``shared_prompt``: None shares where the model supports it and
+    it saves enough (:func:`~evollm.rollout.prefix.worth_sharing`), True wherever supported, False never.
+    Without ``head`` (a critic) the output head does not run: logits are None and the hidden layer is
+    returned. Gradients flow when called with grad enabled (into the shared prefix too)."""
+    positions = position_ids_from_mask(attention_mask)
+    plan = None
+    if (first >= 1 and shared_prompt is not False and shared_prompt_support(model) is None
+            and not (torch.is_grad_enabled() and reentrant_checkpointing(model))):
+        plan = prefix_plan(input_ids, attention_mask, first, blocks)
+        if not (shared_prompt or worth_sharing(model, plan, first)):
+            plan = None
+    if plan is not None:
+        logits, states = shared_forward(model, input_ids, attention_mask, positions, first, plan, hidden or not head,
+                                        head)
+        return (logits[:, :-1] if head else None), (states[:, :-1] if hidden or not head else None), True
+    if not head:
+        decoder = (model.get_base_model() if hasattr(model, "get_base_model") else model).get_decoder()
+        states = decoder(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions,
+                         use_cache=False).last_hidden_state
+        return None, states[:, first:-1], False
+    keep = input_ids.shape[1] - first
     extra = {"logits_to_keep": keep} if first and _takes_logits_to_keep(model) else {}
     with _contiguous_head_input(model, bool(extra)):
-        return _forward_rows(model, input_ids, attention_mask, temperature, chunk_rows, with_entropy, device, first, keep,
-                             extra)
+        out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, use_cache=False,
+                    output_hidden_states=hidden, **extra)
+    return out.logits[:, -keep:-1], (out.hidden_states[-1][:, first:-1] if hidden else None), False
+
+
+def policy_forward(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, first: int,
+                   temperature: float = 1.0, entropy_grad: bool = False, hidden: bool = False, blocks: int = 1,
+                   info: dict | None = None, shared_prompt: bool | None = None):
+    """``(logp, entropy, hidden)`` for a policy loss, all ``[B, L-1(, H)]`` with zeros before column ``first``
+    (the first action column: the logits, the output head and the log-softmax run only from there on, the
+    prompt once per group, see :func:`forward_logits`): per-token log-probs of ``input_ids[:, 1:]`` at
+    ``temperature``, per-token entropies (with gradients only with ``entropy_grad``) and, with ``hidden``,
+    the last hidden layer (else None). ``info["shared_prompt"]``: 1.0 when the prompts were shared."""
+    first = max(int(first), 0)
+    logits, states, used = forward_logits(model, input_ids, attention_mask, first, hidden, blocks, shared_prompt)
+    if info is not None:
+        info["shared_prompt"] = float(used)
+    if temperature != 1.0:
+        logits = logits / temperature
+    logp = token_logprobs(logits, input_ids[:, first + 1:])
+    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+        entropy = entropy_from_logits(logits)
+    del logits
+    pad = torch.nn.functional.pad
+    return (pad(logp, (first, 0)), pad(entropy, (first, 0)),
+            pad(states, (0, 0, first, 0)) if hidden else None)
+
+
+def action_start(action_mask: torch.Tensor) -> int:
+    """The first column any row of ``action_mask`` (``[B, L-1]``) scores (0 when none does): the ``first``
+    of :func:`forward_logits` / :func:`policy_forward`."""
+    return max(first_target(action_mask) - 1, 0)
 
 
 @contextlib.contextmanager
@@ -62,27 +148,6 @@ def _contiguous_head_input(model, active: bool):
 
 def _make_contiguous(module, args):
     return (args[0].contiguous(), *args[1:]) if args and not args[0].is_contiguous() else None
-
-
-def _forward_rows(model, input_ids, attention_mask, temperature, chunk_rows, with_entropy, device, first, keep, extra):
-    outs, ents = [], []
-    for row in range(0, input_ids.shape[0], chunk_rows):
-        ids = input_ids[row:row + chunk_rows].to(device)
-        am = attention_mask[row:row + chunk_rows].to(device)
-        logits = model(input_ids=ids, attention_mask=am, position_ids=position_ids_from_mask(am),
-                       use_cache=False, **extra).logits[:, -keep:-1]
-        if isinstance(temperature, torch.Tensor):
-            logits = logits / temperature[row:row + chunk_rows].to(logits.device, logits.dtype).view(-1, 1, 1)
-        elif temperature != 1.0:
-            logits = logits / temperature
-        outs.append(token_logprobs(logits, ids[:, first + 1:]))
-        if with_entropy:
-            with torch.no_grad():
-                lf = logits.detach().float()
-                ents.append(torch.logsumexp(lf, -1) - (lf.softmax(-1) * lf).sum(-1))
-        del logits
-    logp = torch.nn.functional.pad(torch.cat(outs), (first, 0))
-    return (logp, torch.nn.functional.pad(torch.cat(ents), (first, 0))) if with_entropy else logp
 
 
 def first_target(action_mask: torch.Tensor) -> int:
@@ -149,7 +214,8 @@ def loss_forward(shared, name: str, grad: bool = True, disable_dropout: bool = T
 def member_logprobs(shared, names: Sequence[str], seqs: torch.Tensor, attn: torch.Tensor, rows_each: int,
                     grad: bool, reference: bool = False, temperature: float | Sequence[float] = 1.0,
                     chunk_rows: int | None = None, logits_budget_mb: float = 256.0,
-                    disable_dropout: bool = True, start: int | None = None) -> torch.Tensor:
+                    disable_dropout: bool = True, start: int | None = None, info: dict | None = None,
+                    shared_prompt: bool | None = None) -> torch.Tensor:
     """Log-probs of concatenated row blocks, block ``i`` (``rows_each`` rows) under adapter ``names[i]``
     of ``shared`` (or, with ``reference``, all of them under the base alone), with dropout off unless
     ``disable_dropout`` is False (see :func:`loss_forward`). ``temperature`` is one value or one per
@@ -157,7 +223,9 @@ def member_logprobs(shared, names: Sequence[str], seqs: torch.Tensor, attn: torc
 
     Several members run as ONE routed forward when their adapters are routed exactly and dropout
     is off; otherwise (DoRA, or dropout on) each block runs through PEFT's own forward in turn.
-    ``chunk_rows`` applies to a single member or the reference."""
+    ``chunk_rows`` applies to a single member or the reference. Each block's rows that share a prompt
+    compute it once (the reference: all rows, whichever block); ``info["shared_prompt"]`` says whether they
+    did (see :func:`forward_logprobs`, ``shared_prompt`` as there)."""
     temps = [float(temperature)] * len(names) if isinstance(temperature, (int, float)) else [float(t) for t in temperature]
     if len(set(temps)) == 1:
         temperature = temps[0]
@@ -166,14 +234,18 @@ def member_logprobs(shared, names: Sequence[str], seqs: torch.Tensor, attn: torc
     if reference:
         with torch.set_grad_enabled(grad), shared.reference() as model:
             return forward_logprobs(model, seqs, attn, temperature, chunk_rows, logits_budget_mb=logits_budget_mb,
-                                    start=start)
+                                    start=start, info=info, shared_prompt=shared_prompt)
     if len(names) > 1 and (batch_path(shared, names) != ROUTED or (grad and not disable_dropout)):
-        out = []  # one member at a time through PEFT's own forward (no checkpointing: one backward later)
+        out, parts = [], []  # one member at a time through PEFT's own forward (no checkpointing: one backward later)
         for i, name in enumerate(names):
             rows = slice(i * rows_each, (i + 1) * rows_each)
+            parts.append({})
             with torch.set_grad_enabled(grad), loss_forward(shared, name, grad, disable_dropout, True) as model:
                 out.append(forward_logprobs(model, seqs[rows], attn[rows], temps[i], chunk_rows,
-                                            logits_budget_mb=logits_budget_mb, start=start))
+                                            logits_budget_mb=logits_budget_mb, start=start, info=parts[-1],
+                                            shared_prompt=shared_prompt))
+        if info is not None:
+            info["shared_prompt"] = min(p["shared_prompt"] for p in parts)
         if grad:  # selecting the next member froze the previous one's tensors in PEFT; the backward needs them
             for name in names:
                 for p in shared.parameters(name):
@@ -189,4 +261,5 @@ def member_logprobs(shared, names: Sequence[str], seqs: torch.Tensor, attn: torc
         if len(names) > 1 and grad and (model.training or checkpointing(model)):
             model.eval()  # dropout off (routing never applies LoRA dropout), and no checkpointing (the backward
             # runs after the routing hooks are gone); each eval() walks every module, so only when needed
-        return forward_logprobs(model, seqs, attn, temperature, chunk, logits_budget_mb=logits_budget_mb, start=start)
+        return forward_logprobs(model, seqs, attn, temperature, chunk, logits_budget_mb=logits_budget_mb, start=start,
+                                blocks=len(names), info=info, shared_prompt=shared_prompt)

@@ -118,9 +118,17 @@ class RunFilesWriter(Callback):
             f.flush()
         self.written = end
 
+    def close(self) -> None:
+        """The run ended without :meth:`on_train_end` (Ctrl-C, SIGTERM, an error): ``progress.json`` says
+        ``stopped`` at the last step it recorded, not ``running``."""
+        state = getattr(self, "_state", None)
+        if state is not None and self._status != "finished":
+            self._progress(state, "stopped")
+
     def _progress(self, state: LoopState, status: str) -> None:
         """``progress.json``: status (running / finished), step, max_steps, generation, living members,
         last fitness, process id and host (``evollm report`` tells a live run from a dead one)."""
+        self._state, self._status = state, status
         last = {r["member"]: r["fitness"] for r in state.record.rows}
         data = {"status": status, "step": state.step, "max_steps": state.max_steps,
                 "generation": state.record.generation, "members": [a.index for a in state.agents],

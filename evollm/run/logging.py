@@ -64,18 +64,30 @@ def evaluation_scalars(state: LoopState, fitness) -> tuple[dict[int, dict[str, f
 
 class TensorBoardLogger(Callback):
     """Scalars per member through :class:`torch.utils.tensorboard.SummaryWriter`: one writer per
-    member (``<log_dir>/member_<id>``) and one for the population (``<log_dir>/population``)."""
+    member (``<log_dir>/member_<id>``) and one for the population (``<log_dir>/population``).
+
+    A resumed run (``state.step > 0`` when training begins) opens its writers with
+    ``purge_step = step + 1``: what a killed process logged after its last checkpoint is hidden, so
+    TensorBoard never shows a step twice."""
 
     def __init__(self, log_dir: str | Path, flush_secs: int = 10):
         self.log_dir = Path(log_dir)
         self.flush_secs = flush_secs
         self.writers: dict[str, Any] = {}
+        self.purge_step: int | None = None
+        self._opened: set[str] = set()
+
+    def on_train_begin(self, state: LoopState) -> None:
+        self.purge_step = state.step + 1 if state.step > 0 else None
 
     def writer(self, name: str):
         if name not in self.writers:
             from torch.utils.tensorboard import SummaryWriter
 
-            self.writers[name] = SummaryWriter(log_dir=str(self.log_dir / name), flush_secs=self.flush_secs)
+            purge = self.purge_step if name not in self._opened else None  # once per folder and process
+            self._opened.add(name)
+            self.writers[name] = SummaryWriter(log_dir=str(self.log_dir / name), flush_secs=self.flush_secs,
+                                               purge_step=purge)
         return self.writers[name]
 
     def _log(self, name: str, scalars: dict[str, float], step: int) -> None:

@@ -1,13 +1,18 @@
 """PNG plots of a run, drawn from its three tables (``report``, ``lineage``, ``metrics``):
 
 * ``fitness.png``: held-out fitness and train reward of every member over the steps, clones joined
-  to their parent at birth, the best of the population in black, selections as dotted lines;
-* ``hyperparameters.png``: every numeric hyperparameter of every member (birth value, then at each
-  evaluation), so mutations show as jumps where a clone leaves its parent;
+  to their parent at birth, the best of the population as a wide grey band behind the members (the
+  best member's own line stays visible), selections as dotted lines;
+* ``hyperparameters.png``: the hyperparameters that evolved (differ between members or over time) of
+  every member (birth value, then at each evaluation), so mutations show as jumps where a clone
+  leaves its parent;
 * ``lineage.png``: the family tree (see :mod:`evollm.run.plots_lineage`);
 * ``diagnostics.png``: the learn diagnostics of every member, running means side by side;
-* ``diagnostics/member_<id>.png``: one member's diagnostics, every step plus its running mean,
-  after the history it inherited from its ancestors (grey).
+* ``diagnostics/member_<id>.png``: one member's diagnostics, every step plus its running mean (of its
+  own steps only), after the history it inherited from its ancestors (grey).
+
+A diagnostic that is 0 at every step because its mechanism is off (KL with ``beta = 0``, the clip
+fraction when every update is on-policy) says "not used" instead of drawing a flat line.
 
 Figures are built with :class:`matplotlib.figure.Figure` (no pyplot, so a notebook's backend is
 left alone) and written atomically.
@@ -28,7 +33,11 @@ from evollm.utils.atomic import atomic_file
 #: Diagnostics panels: (metrics column, title). The fifth panel shows the first column present of
 #: ``value_loss`` (critic, PPO) and ``loss``.
 DIAGNOSTICS = (("mean_reward", "train reward"), ("kl", "KL to reference"), ("clip_fraction", "clip fraction"),
-               ("entropy", "entropy (nats/token)"), (("value_loss", "loss"), None), ("grad_norm", "grad norm"))
+               ("entropy", "entropy (nats/token)"), (("value_loss", "loss"), None), ("grad_norm", "grad norm"),
+               ("zero_std_groups", "groups with equal rewards (no signal)"))
+#: Why a diagnostic is 0 at every step: its mechanism is not used in this run.
+NOT_USED = {"kl": "not used: beta = 0 (no reference pass)",
+            "clip_fraction": "not used: every update is on-policy (ratio 1, nothing clipped)"}
 #: Steps in the running mean drawn over the noisy per-step diagnostics.
 RUNNING_MEAN_STEPS = 10
 
@@ -95,6 +104,10 @@ def legend_outside(fig: Figure, ax, ncol: int, n_members: int, n_extra: int = 0)
 
 
 def plot_fitness(report: pd.DataFrame, lineage: pd.DataFrame, path: Path) -> Path:
+    return save(fitness_figure(report, lineage), path)
+
+
+def fitness_figure(report: pd.DataFrame, lineage: pd.DataFrame) -> Figure:
     colors = member_colors(report["member"])
     has_train = "train_reward" in report and report["train_reward"].notna().any()
     n = report["member"].nunique()
@@ -104,12 +117,14 @@ def plot_fitness(report: pd.DataFrame, lineage: pd.DataFrame, path: Path) -> Pat
     for ax, col, label in zip(axes, ("fitness", "train_reward"), ("fitness (held-out, greedy)",
                                                                     "train reward (mean since last evaluation)")):
         for member, rows in report.groupby("member"):
-            ax.plot(rows["step"], rows[col], marker="o", ms=3, lw=1.2, color=colors[member], label=f"member {member}")
+            ax.plot(rows["step"], rows[col], marker="o", ms=3, lw=1.2, color=colors[member], label=f"member {member}",
+                    zorder=3)
             if member in births and col in births[member]:
                 (x0, y0), (x1, y1) = births[member][col], (rows["step"].iloc[0], rows[col].iloc[0])
                 ax.plot([x0, x1], [y0, y1], ls="--", lw=0.8, color=colors[member])
         by_step = report.groupby("step")[col]
-        ax.plot(by_step.max().index, by_step.max().values, color="black", lw=2.2, label="best")
+        ax.plot(by_step.max().index, by_step.max().values, color="black", lw=6, alpha=0.15, zorder=1,
+                solid_capstyle="round", label="best")  # behind the members: the best member stays visible
         ax.plot(by_step.median().index, by_step.median().values, color="0.45", lw=1.2, ls=":",
                 label="median")
         for step in _selection_steps(lineage):
@@ -120,11 +135,23 @@ def plot_fitness(report: pd.DataFrame, lineage: pd.DataFrame, path: Path) -> Pat
                       fontsize=9)
     axes[-1].set_xlabel("training step")
     legend_outside(fig, axes[0], ncol, n, 2)
-    return save(fig, path)
+    return fig
+
+
+def evolved_columns(report: pd.DataFrame, lineage: pd.DataFrame) -> list[str]:
+    """The numeric ``hp_`` columns whose value differs between members or over time (founders drawn
+    from a range, or mutated); all of them when none does."""
+    cols = [c for c in report.columns if c.startswith("hp_") and pd.api.types.is_numeric_dtype(report[c])]
+    moved = []
+    for c in cols:
+        values = pd.concat([report[c], lineage[c]]) if c in lineage else report[c]
+        if values.dropna().astype(float).nunique() > 1:
+            moved.append(c)
+    return moved or cols
 
 
 def plot_hyperparameters(report: pd.DataFrame, lineage: pd.DataFrame, path: Path) -> Path | None:
-    cols = [c for c in report.columns if c.startswith("hp_") and pd.api.types.is_numeric_dtype(report[c])]
+    cols = evolved_columns(report, lineage)
     if not cols:
         return None
     colors = member_colors(report["member"])
@@ -167,6 +194,8 @@ def diagnostic_panels(metrics: pd.DataFrame) -> list[tuple[str, str]]:
             col = next((c for c in col if c in metrics and metrics[c].notna().any()), None)
             title = {"value_loss": "value loss (critic)", "loss": "loss"}.get(col)
         if col is not None and col in metrics and metrics[col].notna().any():
+            if col in NOT_USED and (metrics[col].dropna() == 0).all():
+                title = f"{title}: {NOT_USED[col]}"
             panels.append((col, title))
     return panels
 
@@ -192,24 +221,29 @@ def plot_member_diagnostics(metrics: pd.DataFrame, report: pd.DataFrame, member:
     """One member's diagnostics grid: each learn metric per step (thin) and its running mean (bold);
     a clone's history inherited from its ancestors is drawn in grey before its birth. The reward
     panel also shows the member's held-out fitness."""
+    fig = member_diagnostics_figure(metrics, report, member, lineage)
+    return None if fig is None else save(fig, path)
+
+
+def member_diagnostics_figure(metrics: pd.DataFrame, report: pd.DataFrame, member: int,
+                              lineage: pd.DataFrame | None = None) -> Figure | None:
+    """The figure of :func:`plot_member_diagnostics`."""
     history = member_history(metrics, lineage if lineage is not None else pd.DataFrame(), member)
     rows = history[history["own"]]
     panels = diagnostic_panels(rows)
     if rows.empty or not panels:
         return None
-    fig = Figure(figsize=(10, 5.6))
-    fig.subplots_adjust(left=0.06, right=0.98, top=0.9, bottom=0.15, hspace=0.45, wspace=0.28)
-    axes = fig.subplots(2, 3, squeeze=False).ravel()
+    fig = Figure(figsize=(13, 5.6))
+    fig.subplots_adjust(left=0.05, right=0.98, top=0.9, bottom=0.15, hspace=0.45, wspace=0.28)
+    axes = fig.subplots(2, 4, squeeze=False).ravel()
     inherited = history[~history["own"]]
     for ax, (col, _) in zip(axes, panels):
-        mean = running_mean(history[col])
-        if len(inherited):
+        if len(inherited):  # the ancestors' running mean, and the member's own: never blended
             ax.plot(inherited["step"], inherited[col], color="0.6", alpha=0.5, lw=0.9)
-            n = len(inherited)
-            ax.plot(history["step"].iloc[:n + 1], mean.iloc[:n + 1], color="0.5", lw=2, label="inherited (ancestors)")
+            ax.plot(inherited["step"], running_mean(inherited[col]), color="0.5", lw=2, label="inherited (ancestors)")
         ax.plot(rows["step"], rows[col], color="tab:blue", alpha=0.35, lw=0.9, label="per step")
-        ax.plot(rows["step"], mean.iloc[len(inherited):], color="tab:blue", lw=2,
-                label=f"running mean ({RUNNING_MEAN_STEPS} steps)")
+        ax.plot(rows["step"], running_mean(rows[col]), color="tab:blue", lw=2,
+                label=f"running mean ({RUNNING_MEAN_STEPS} own steps)")
         if col == "mean_reward" and len(report):
             fit = report[report["member"] == member]
             ax.plot(fit["step"], fit["fitness"], "o-", color="tab:orange", ms=4, lw=1, label="held-out fitness")
@@ -219,7 +253,7 @@ def plot_member_diagnostics(metrics: pd.DataFrame, report: pd.DataFrame, member:
     born = f", born at step {int(inherited['step'].max())}" if len(inherited) else ""
     fig.suptitle(f"Member {member}: learn diagnostics (own steps {rows['step'].min()}-{rows['step'].max()}{born})",
                  fontsize=10)
-    return save(fig, path)
+    return fig
 
 
 def plot_diagnostics_overview(metrics: pd.DataFrame, path: Path) -> Path | None:
@@ -229,7 +263,7 @@ def plot_diagnostics_overview(metrics: pd.DataFrame, path: Path) -> Path | None:
         return None
     colors = member_colors(metrics["member"])
     n = metrics["member"].nunique()
-    fig, axes, ncol = member_figure(n, 0, 11, 5.6, 2, 3, sharex=False, top=0.6, bottom=0.5)
+    fig, axes, ncol = member_figure(n, 0, 14, 5.6, 2, 4, sharex=False, top=0.6, bottom=0.5)
     axes = axes.ravel()
     for ax, (col, _) in zip(axes, panels):
         for member, rows in metrics.groupby("member"):
@@ -243,7 +277,14 @@ def plot_diagnostics_overview(metrics: pd.DataFrame, path: Path) -> Path | None:
 
 def _finish_panels(axes, panels) -> None:
     """Titles, small labels and grids on a diagnostics grid; the unused panels hidden."""
-    for ax, (_, title) in zip(axes, panels):
+    for ax, (col, title) in zip(axes, panels):
+        if col in NOT_USED and title.endswith(NOT_USED[col]):  # a flat zero says nothing: say why instead
+            for line in list(ax.lines):
+                line.remove()
+            ax.text(0.5, 0.5, NOT_USED[col].replace(": ", ":\n", 1), ha="center", va="center", fontsize=8,
+                    color="0.4", transform=ax.transAxes)
+            ax.set_yticks([])
+            title = title.split(":")[0]
         ax.set_title(title, fontsize=9)
         ax.set_xlabel("training step", fontsize=8)
         ax.tick_params(labelsize=7)

@@ -58,6 +58,8 @@ def run_status(run: RunFiles) -> str:
         return "finished"
     if status is None:
         return "unknown"
+    if status == "stopped":  # the run ended without finishing (Ctrl-C, SIGTERM, an error)
+        return "stopped"
     pid, host = run.progress.get("pid"), run.progress.get("host")
     if host != socket.gethostname():
         return "running"  # another machine's process cannot be checked from here

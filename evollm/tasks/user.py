@@ -1,22 +1,23 @@
 """A user's own task: a dataset from a file (or one saved with ``datasets``), its columns, and a
-reward function by name or by dotted path.
+reward function by name, module path or file path.
 
 ``load_split("data/train.jsonl")`` reads JSONL, JSON, CSV, Parquet or a ``save_to_disk`` folder;
-``split_dataset`` renames the question/answer columns and carves a held-out split;
-``resolve_reward("mypkg.rewards:score")`` imports a reward function, ``resolve_reward("last_number")``
-picks a built-in one.
+``rename_columns`` renames the question/answer columns; ``user_task`` does both and carves a held-out
+split; ``resolve_reward("rewards.py:score")`` (or ``"mypkg.rewards:score"``) imports a reward function,
+``resolve_reward("last_number")`` picks a built-in one. A dataset in TRL's forms (a ``prompt``
+column, text or messages, or conversational ``messages``) is used as it is.
 """
 
 from __future__ import annotations
 
-import importlib
-import inspect
 import os
 from pathlib import Path
 from typing import Callable
 
 from datasets import Dataset, DatasetDict, load_dataset, load_from_disk
 
+from ..envs.reward_call import check_signature
+from .reward_spec import import_reward
 from .rewards import (combine_rewards, exact_match_reward, format_reward, last_number_reward,
                       numeric_closeness_reward)
 
@@ -31,39 +32,21 @@ BUILTIN_REWARDS: dict[str, Callable] = {
 _FILE_FORMATS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
 
 
-def resolve_reward(spec: str | Callable) -> Callable:
-    """A reward function from a callable, a built-in name (:data:`BUILTIN_REWARDS`) or a dotted
-    path ``package.module:function`` (``package.module.function`` also works)."""
+def resolve_reward(spec: str | Callable, search_dirs=()) -> Callable:
+    """A reward function from a callable, a built-in name (:data:`BUILTIN_REWARDS`), a module path
+    ``package.module:function`` (``package.module.function`` also works) or a file path
+    ``path/to/rewards.py:function``, looked up in ``search_dirs`` (default: the working directory) and
+    on ``sys.path`` (see :mod:`evollm.tasks.reward_spec`). Per-sample ``(completion, answer, question)``
+    and TRL-style batched ``(completions, **kwargs)`` functions are both accepted."""
     if callable(spec):
+        check_signature(spec, "reward")
         return spec
     if not isinstance(spec, str) or not spec:
-        raise ValueError(f"task.reward must be a built-in name or 'module:function', got {spec!r}")
+        raise ValueError(f"task.reward must be a built-in name, 'module:function' or 'file.py:function', got {spec!r}")
     if spec in BUILTIN_REWARDS:
         return BUILTIN_REWARDS[spec]
-    if ":" not in spec and "." not in spec:
-        raise ValueError(f"task.reward={spec!r} is not valid; choose one of {sorted(BUILTIN_REWARDS)} "
-                         "or give a dotted path like 'mypkg.rewards:score'")
-    module_name, _, attr = spec.partition(":") if ":" in spec else spec.rpartition(".")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise ValueError(f"task.reward={spec!r}: cannot import module {module_name!r} ({e})") from e
-    fn = getattr(module, attr, None)
-    if not callable(fn):
-        raise ValueError(f"task.reward={spec!r}: module {module_name!r} has no function {attr!r}")
-    _check_reward_signature(fn, spec)
-    return fn
-
-
-def _check_reward_signature(fn: Callable, spec: str) -> None:
-    try:
-        params = list(inspect.signature(fn).parameters.values())
-    except (TypeError, ValueError):
-        return
-    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    if len(positional) < 3 and not any(p.kind is p.VAR_POSITIONAL for p in params):
-        raise ValueError(f"task.reward={spec!r} must take (completion, answer, question); it takes "
-                         f"({', '.join(p.name for p in params)})")
+    check_reward_name(spec)
+    return import_reward(spec, search_dirs)
 
 
 def load_split(source: str | os.PathLike, split: str | None = None) -> Dataset:
@@ -89,13 +72,16 @@ def load_split(source: str | os.PathLike, split: str | None = None) -> Dataset:
 
 def rename_columns(data: Dataset, question: str = "question", answer: str = "answer") -> Dataset:
     """Rename the dataset's question/answer columns to ``question``/``answer`` (other columns are
-    kept: templates and reward functions may use them)."""
+    kept: templates and reward functions may use them). A dataset in TRL's forms (a ``prompt`` or
+    ``messages`` column) needs no ``question`` column, and a TRL-style reward no ``answer``."""
+    names = data.column_names
+    trl_form = "prompt" in names or "messages" in names
     for role, column in (("question", question), ("answer", answer)):
-        if column not in data.column_names:
+        if column not in names and not (column == role and (trl_form or role == "answer")):
             raise ValueError(f"task.columns.{role}={column!r} is not a column of the dataset; "
-                             f"columns: {data.column_names}")
+                             f"columns: {names}")
     mapping = {c: r for r, c in (("question", question), ("answer", answer)) if c != r}
-    clash = [r for c, r in mapping.items() if r in data.column_names and r not in mapping]
+    clash = [r for c, r in mapping.items() if r in names and r not in mapping]
     if clash:
         data = data.remove_columns(clash)
     return data.rename_columns(mapping) if mapping else data
@@ -124,23 +110,26 @@ def user_task(dataset: str | os.PathLike, test_dataset: str | os.PathLike | None
 
 # ---------------------------------------------------------------------- the config's task section
 def check_reward_name(spec: str) -> None:
-    """Fail early (before any model is loaded) on a reward that is neither built in nor a dotted path."""
-    if spec not in BUILTIN_REWARDS and (not isinstance(spec, str) or (":" not in spec and "." not in spec)):
+    """Fail early (before any model is loaded) on a reward that is neither built in nor a module or file path."""
+    if spec not in BUILTIN_REWARDS and (not isinstance(spec, str) or (":" not in spec and "." not in spec)
+                                        or spec.endswith(".py")):
         raise ValueError(f"task.reward={spec!r} is not valid; choose one of {sorted(BUILTIN_REWARDS)} "
-                         "or give a dotted path like 'mypkg.rewards:score'")
+                         "or give 'mypkg.rewards:score' or 'path/to/rewards.py:score'")
 
 
 def task_parts(name: str = "arithmetic", *, seed: int = 0, reward: str | Callable = "exact_match",
                n_train: int | None = None, n_test: int | None = None, ops=("+",), digits=(1, 2),
                dataset=None, test_dataset=None, test_size: float = 0.1, columns: dict | None = None,
                system_prompt: str | None = None, user_template: str | None = None, prefill: str | None = None,
-               template: list[dict] | None = None):
+               template: list[dict] | None = None, search_dirs=()):
     """``(train, test, reward_fn, template)`` of a single-turn task.
 
     ``name="arithmetic"`` generates the built-in task; ``name="dataset"`` reads ``dataset`` (see
     :func:`user_task`; ``columns`` maps ``question``/``answer`` to the dataset's column names). The
     prompt is ``template`` (a list of messages) or is built from ``system_prompt``,
-    ``user_template`` (default ``"{question}"``) and ``prefill``.
+    ``user_template`` (default ``"{question}"``) and ``prefill``; without any of them a dataset's rows
+    are prompted as :func:`evollm.envs.reasoning.prompt_messages` says (``template`` is ``None``).
+    ``search_dirs``: where a reward module or file is looked for (:func:`resolve_reward`).
     """
     from ..envs.reasoning import conversation_template
 
@@ -158,7 +147,7 @@ def task_parts(name: str = "arithmetic", *, seed: int = 0, reward: str | Callabl
         size = int(test_size) if test_size >= 1 else float(test_size)
         train, test = user_task(dataset, test_dataset, columns.get("question", "question"),
                                 columns.get("answer", "answer"), size, n_train, n_test, seed)
-        default_template = [{"role": "user", "content": "{question}"}]
+        default_template = None  # question -> one user message; TRL prompt / messages as they are
     else:
         raise ValueError(f"task.name={name!r} is not a single-turn task; valid: ['arithmetic', 'dataset']")
     pieces = system_prompt is not None or user_template is not None or prefill is not None
@@ -170,7 +159,53 @@ def task_parts(name: str = "arithmetic", *, seed: int = 0, reward: str | Callabl
         template = conversation_template(user_template or "{question}", system_prompt, prefill)
     else:
         template = default_template
-    return train, test, resolve_reward(reward), template
+    return train, test, resolve_reward(reward, search_dirs), template
+
+
+def check_task(train, test, reward_fn: Callable, template: list[dict] | None, rows: int = 4) -> None:
+    """Check a task on its first ``rows`` rows of each split before any model is loaded: the prompt
+    template's placeholders, the answer column a per-sample reward needs, and one reward call per row
+    (the reference answer as the completion) that must give a finite number. Raises a one-line
+    :class:`ValueError` naming the split and row."""
+    from ..envs.reasoning import prompt_messages
+    from ..envs.reward_call import RewardFunctionError, call_batched, call_per_sample, is_batched
+
+    batched = is_batched(reward_fn)
+    for split, data in (("train", train), ("test", test)):
+        picked = []
+        for i in range(min(rows, len(data))):
+            row = dict(data[i])
+            try:
+                _, fields = prompt_messages(row, template)
+            except ValueError as e:
+                raise ValueError(f"task: {split} row {i}: {e}") from None
+            if "answer" not in fields and not batched:
+                raise ValueError(f"task: {split} row {i} has no 'answer' column (columns: {sorted(row)}); the reward "
+                                 "(completion, answer, question) needs one: name it with task.columns.answer, or "
+                                 "use a TRL-style reward (completions, **kwargs)")
+            fields["extra"] = {k: v for k, v in fields.items() if k not in ("question", "answer", "prompt",
+                                                                             "conversational")}
+            fields["columns"] = row
+            picked.append(fields)
+        completions = ["" if f.get("answer") is None else str(f["answer"]) for f in picked]
+        try:
+            if batched and picked:
+                call_batched(reward_fn, completions, picked)
+            else:
+                for i, (c, f) in enumerate(zip(completions, picked)):
+                    call_per_sample(reward_fn, c, _wanted(reward_fn, f), i)
+        except RewardFunctionError as e:
+            raise ValueError(f"task: checking the reward on the {split} set's first rows (the reference answer as "
+                             f"the completion): {e}") from None
+
+
+def _wanted(fn, fields: dict) -> dict:
+    from ..envs.reward_call import extra_columns_wanted
+
+    wanted = extra_columns_wanted(fn)
+    if wanted is not None:
+        fields = {**fields, "extra": {k: v for k, v in fields["extra"].items() if k in wanted}}
+    return fields
 
 
 def _check_template(template) -> list[dict]:

@@ -24,7 +24,7 @@ from ..rollout import evaluate_population, generate_population
 from ..run.measure import member_tokens, with_costs
 from .dynamic_sampling import refill
 from .callbacks import Callback, LoopState, call
-from .quarantine import check_members, evaluate_healthy, is_quarantined, replace_quarantined
+from .quarantine import DivergenceLimits, check_members, evaluate_healthy, is_quarantined, replace_quarantined
 from .compat import agilerl_extras, pick_selection, resolve_max_steps
 from .data_parallel import evaluate_data_parallel, seed_sampling
 
@@ -60,15 +60,18 @@ def evolve(pop: Sequence, train_step: Callable[[list, int], dict[int, dict]],
            save_elite: bool = False, elite_path: str | Path | None = None, verbose: bool = True,
            seed: int = 0, log: Callable[[str], None] | None = None,
            callbacks: Sequence[Callback] = (), max_time: float | None = None,
-           max_reward: float | None = None, narrowing=None, max_time_clock: str = "wall") -> tuple[list, Population]:
+           max_reward: float | None = None, divergence: DivergenceLimits | None = None, narrowing=None,
+           max_time_clock: str = "wall") -> tuple[list, Population]:
     """The loop itself; :func:`finetune_llm_reasoning` and ``finetune_llm_multiturn`` supply the
     ``train_step`` (returns per-member metrics) and ``evaluate`` (returns fitness per member).
     ``callbacks`` (:class:`~evollm.training.callbacks.Callback`) are called at every step,
     evaluation, selection and at the end. The run stops early, after a final evaluation, once
     ``max_time`` seconds have passed on ``max_time_clock`` (``"wall"``, or ``"cpu"``: this process's CPU
-    time, all threads), or after an evaluation whose best fitness reaches ``max_reward``.
-    ``narrowing`` (:class:`~evollm.hpo.narrowing.Narrowing`) drops the worst members at fixed fractions
-    of the budget (see :func:`narrow_population`)."""
+    time, all threads), or after an evaluation whose best fitness reaches ``max_reward``. ``divergence``
+    (:class:`~evollm.training.quarantine.DivergenceLimits`, default limits when ``None``) sets when a
+    member with finite but blown-up weights, KL or loss is quarantined. ``narrowing``
+    (:class:`~evollm.hpo.narrowing.Narrowing`) drops the worst members at fixed fractions of the budget
+    (see :func:`narrow_population`)."""
     validate_settings(pop, max_steps, evaluation_interval, evo_steps, tournament, mutation)
     if max_time is not None and max_time <= 0:
         raise ValueError(f"max_time must be > 0 seconds, got {max_time}")
@@ -96,7 +99,7 @@ def evolve(pop: Sequence, train_step: Callable[[list, int], dict[int, dict]],
             m = metrics.get(agent.index, {})
             agent.scores.append(m.get("mean_reward", math.nan))
             since_eval.setdefault(agent.index, []).append(m.get("mean_reward", math.nan))
-        check_members(agents, metrics, step + 1, log)
+        check_members(agents, metrics, step + 1, log, divergence)
         done = step + 1
         state.step, state.agents = done, agents
         call(callbacks, "on_step_end", state, metrics)

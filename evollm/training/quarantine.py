@@ -1,7 +1,9 @@
 """A member can fail; the population goes on.
 
-After every learn step each member's loss and adapter parameters are checked for non-finite values.
-A member that fails is quarantined at once: it no longer samples, learns or counts in selection
+After every learn step each member's loss and adapter parameters are checked for non-finite values
+and for finite blow-ups beyond :class:`DivergenceLimits` (whether a huge learning rate ends in NaN or
+in finite garbage depends on the CPU's arithmetic, so both must be caught). A member that fails is
+quarantined at once: it no longer samples, learns or counts in selection
 (its fitness is -inf), it is logged with its hyperparameters, and at the next selection it is
 replaced by a clone of a healthy member. Clones never inherit the flag.
 """
@@ -9,6 +11,7 @@ replaced by a clone of a healthy member. Clones never inherit the flag.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import torch
@@ -32,27 +35,66 @@ def trainable_parameters(agent) -> list[torch.Tensor]:
     return params + [p for group in agent._extra_parameters().values() for p in group]
 
 
-def nonfinite_reason(agent, metrics: dict) -> str | None:
-    """Why ``agent`` must stop (a non-finite loss or adapter/extra parameter), or ``None``."""
+@dataclass(frozen=True)
+class DivergenceLimits:
+    """Finite values past which a member counts as diverged (``None`` switches a check off).
+
+    ``max_adapter_abs``: the largest absolute value of any trained weight (LoRA A/B, value head).
+    Healthy adapters stay far below it: LoRA A starts at about ``1/sqrt(fan_in)`` and B at 0, and Adam
+    moves a weight by at most about ``lr`` per step, so 1e3 takes 1e5 steps at lr 1e-2; a blown-up
+    update (lr 1e6) jumps there in one step. ``max_kl``: the mean per-token k3 KL to the reference
+    policy (reported when ``beta > 0``); 50 nats per token means the policy left the reference
+    entirely. ``max_loss_abs``: off by default, because a loss's scale follows the reward's (a
+    critic's value loss grows with the square of the rewards)."""
+
+    max_adapter_abs: float | None = 1e3
+    max_kl: float | None = 50.0
+    max_loss_abs: float | None = None
+
+    def __post_init__(self):
+        for name in ("max_adapter_abs", "max_kl", "max_loss_abs"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, (int, float)) and value > 0):
+                raise ValueError(f"DivergenceLimits.{name} must be a number > 0 or None, got {value!r}")
+
+
+def _beyond(value, limit) -> bool:
+    return limit is not None and value is not None and math.isfinite(float(value)) and abs(float(value)) > limit
+
+
+def nonfinite_reason(agent, metrics: dict, limits: DivergenceLimits | None = None) -> str | None:
+    """Why ``agent`` must stop (a non-finite loss or adapter/extra parameter, or a finite value beyond
+    ``limits``), or ``None``."""
+    limits = limits or DivergenceLimits()
     loss = metrics.get("loss", 0.0)
     if loss is not None and not math.isfinite(float(loss)):
         return f"non-finite loss {loss}"
+    if _beyond(loss, limits.max_loss_abs):
+        return f"loss {float(loss):.4g} beyond max_loss_abs={limits.max_loss_abs:g}"
+    if _beyond(metrics.get("kl"), limits.max_kl):
+        return f"KL to the reference {float(metrics['kl']):.4g} beyond max_kl={limits.max_kl:g}"
     params = trainable_parameters(agent)
     if params:
         finite = torch.stack([torch.isfinite(p).all() for p in params])
         if not bool(finite.all()):
             bad = int((~finite).sum())
             return f"{bad} adapter tensor(s) with non-finite values after the update"
+        if limits.max_adapter_abs is not None:
+            largest = float(torch.stack([p.detach().abs().max() for p in params if p.numel()]).max())
+            if largest > limits.max_adapter_abs:
+                return (f"a trained weight reached {largest:.3g} in absolute value, beyond "
+                        f"max_adapter_abs={limits.max_adapter_abs:g} (the update blew up)")
     return None
 
 
-def check_members(agents: Sequence, metrics: dict[int, dict], step: int, log: Callable[[str], None]) -> list:
+def check_members(agents: Sequence, metrics: dict[int, dict], step: int, log: Callable[[str], None],
+                  limits: DivergenceLimits | None = None) -> list:
     """Quarantine every trained member that fails :func:`nonfinite_reason`; returns the newly quarantined."""
     newly = []
     for agent in agents:
         if is_quarantined(agent) or agent.index not in metrics:
             continue
-        reason = nonfinite_reason(agent, metrics[agent.index])
+        reason = nonfinite_reason(agent, metrics[agent.index], limits)
         if reason is not None:
             agent.quarantined = True
             agent.quarantine_reason = f"step {step}: {reason}"

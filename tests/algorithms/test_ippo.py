@@ -161,15 +161,16 @@ def test_ratio_and_value_clipping_take_effect(rollout_team, monkeypatch):
     team.set_hyperparameter("agent0.clip_coef", 0.01)
     team.set_hyperparameter("agent1.value_clip_range", 0.05)
     team.agents[1].config.clip_coef = None  # agent 1: no ratio clipping at all
-    team.agents[0].config.value_clip_range = None  # agent 0: unclipped value loss
+    team.agents[0].config.value_clip = None  # agent 0: unclipped value loss
     for agent in team.agents:
         agent.config.update_epochs, agent.config.batch_size = 3, 2
     seen = {"pg": [], "v": []}
     pg, vl = fused.F.policy_loss_with_stats, fused.F.value_loss
-    monkeypatch.setattr(fused.F, "policy_loss_with_stats", lambda *a, **k: seen["pg"].append(k["clip"]) or pg(*a, **k))
+    monkeypatch.setattr(fused.F, "policy_loss_with_stats",
+                        lambda *a, **k: seen["pg"].append((k["clip_low"], k["clip_high"])) or pg(*a, **k))
     monkeypatch.setattr(fused.F, "value_loss", lambda *a, **k: seen["v"].append(k["clip"]) or vl(*a, **k))
     m0, m1 = team.learn(exp)
-    assert (0.99, 1.01) in seen["pg"] and (0.0, math.inf) in seen["pg"]
+    assert (0.01, 0.01) in seen["pg"] and (1.0, math.inf) in seen["pg"]
     assert None in seen["v"] and 0.05 in seen["v"]
     assert m0["clip_fraction"] > 0  # later minibatches moved the ratio past 1 +- 0.01: gradients were cut
     assert m1["clip_fraction"] == 0  # never clipped without a clip range

@@ -223,6 +223,37 @@ def test_set_hyperparameter_validates(tiny):
     assert agent.optimizer.param_groups[0]["lr"] == 3e-4
 
 
+def test_set_null_removes_a_section_and_switches_evolution_off():
+    data = {"train": {"max_steps": 4, "evaluation_interval": 2, "evo_steps": 2},
+            "hpo": {"mutation": {"no_mutation": 0.5, "rl_hp": 0.5}, "selection": {"type": "tournament"},
+                    "hp_config": {"lr": {"min": 1e-5, "max": 1e-3}}}}
+    with pytest.raises(ConfigError, match=r"hpo.mutation has no effect .*--set hpo.mutation=null"):
+        load(copy.deepcopy(data), ["train.evo_steps=null"])
+    cfg = load(copy.deepcopy(data), ["train.evo_steps=null", "hpo.mutation=null", "hpo.selection=null"])
+    assert cfg.train.evo_steps is None and not cfg.hpo.given("mutation") and not cfg.hpo.given("selection")
+    cfg = load(copy.deepcopy(data), ["hpo.hp_config.lr=null", "hpo.nothing.here=null"])  # a mapping entry; absent: no-op
+    assert cfg.hpo.hp_config == {} and cfg.train.evo_steps == 2
+    cfg = load({"algorithm": {"name": "GRPO", "init_sampler": "qmc"}}, ["algorithm.init_sampler=null"])
+    assert cfg.algorithm.init_sampler is None  # a plain setting set to null is null
+
+
+def test_resume_accepts_the_budget_intervals_and_logging_only():
+    from evollm.config.schema import check_resume_override
+
+    for item in ("train.max_steps=9", "train.max_time=60", "train.evaluation_interval=5", "logging.tensorboard=false",
+                 "logging=null"):
+        check_resume_override(item)
+    for item in ("seed=3", "algorithm.hyperparameters.lr=0.1", "train.evo_steps=4", "task.reward=last_number"):
+        with pytest.raises(ConfigError, match="cannot change when resuming") as err:
+            check_resume_override(item)
+        assert "train.max_time" in str(err.value) and "logging.*" in str(err.value)
+
+
+def test_a_misspelt_evolvable_name_is_named_before_its_range_is_checked():
+    with pytest.raises(ConfigError, match="hpo.hp_config.clip_coeff: GRPO cannot evolve it; did you mean 'clip_coef'"):
+        load({"train": EVO["train"]}, ["hpo.hp_config.clip_coeff.min=0.1"])
+
+
 def test_default_search_space_and_named_default_ranges():
     from evollm.recipes.builders import build_hpo, build_narrowing
 

@@ -115,11 +115,11 @@ def test_policy_loss_clipped_tokens_have_zero_gradient():
 
 def test_policy_loss_clip_float_equals_tuple():
     logp, old = inputs()
-    a = F.policy_loss(logp, old, ADV, MASK, clip=0.2)
-    b = F.policy_loss(logp, old, ADV, MASK, clip=(0.8, 1.2))
+    a = F.policy_loss(logp, old, ADV, MASK, clip_low=0.2, clip_high=0.2)
+    b = F.policy_loss(logp, old, ADV, MASK)  # the default offsets: 0.2 / 0.2
     close(a, b.item())
     # wider clip: nothing clipped -> row0 -(1.5+0.5)/2 = -1, row1 2*(3.1)/3 = 2.066667
-    close(F.policy_loss(logp, old, ADV, MASK, clip=0.6), (-1 + 2.066667) / 2)
+    close(F.policy_loss(logp, old, ADV, MASK, clip_low=0.6, clip_high=0.6), (-1 + 2.066667) / 2)
 
 
 def test_policy_loss_per_token_advantages_match_broadcast():

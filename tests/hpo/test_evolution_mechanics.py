@@ -86,6 +86,7 @@ RANGES = {
     "max_grad_norm": RLParameter(0.1, 10.0), "update_epochs": RLParameter(1, 4, dtype=int),
     "batch_size": RLParameter(4, 32, dtype=int), "vf_coef": RLParameter(0.1, 1.0),
     "ent_coef": RLParameter(0.0, 0.1), "gamma": RLParameter(0.9, 1.0), "gae_lambda": RLParameter(0.8, 1.0),
+    "value_clip": RLParameter(0.05, 0.5),
     "loss_type": RLParameter(choices=list(F.LOSS_TYPES)),
     "scale_rewards": RLParameter(choices=list(F.ADVANTAGE_SCALES)),
     "lora_rank": RLParameter(2, 12, dtype=int), "group_size": RLParameter(2, 16, dtype=int),
@@ -127,14 +128,14 @@ def test_every_mutable_hyperparameter_of_every_algorithm_moves(tiny, cls_index):
 
 def test_tuple_clip_coef_mutates_keeping_its_asymmetry(tiny):
     model, tok = tiny
-    agent = make_grpo(model, tok, clip_coef=(0.8, 1.28), hp_config=HyperparameterConfig(clip_coef=RANGES["clip_coef"]),
+    agent = make_grpo(model, tok, clip_coef=(0.2, 0.28), hp_config=HyperparameterConfig(clip_coef=RANGES["clip_coef"]),
                       init_sampler=None)[0]
-    assert agent.config.clip_bounds() == pytest.approx((0.8, 1.28))
+    assert agent.config.clip_range() == pytest.approx((0.2, 0.28))  # a tuple: the two offsets
     assert agent.get_hyperparameter("clip_coef") == pytest.approx(0.24)
     record = Mutations(no_mutation=0, rl_hp=1, rand_seed=0).mutate_agent(agent)
-    lo, hi = agent.config.clip_bounds()
-    assert record.new != record.old and (1 - lo + hi - 1) / 2 == pytest.approx(record.new)
-    assert (hi - 1) / (1 - lo) == pytest.approx(0.28 / 0.2)
+    low, high = agent.config.clip_range()
+    assert record.new != record.old and (low + high) / 2 == pytest.approx(record.new)
+    assert high / low == pytest.approx(0.28 / 0.2)
 
 
 def test_perturb_all_moves_every_hyperparameter():
@@ -257,7 +258,8 @@ def test_preset_losses_match_hand_computed(loss_type, expected):
 
     cfg = GRPOConfig(loss_type=loss_type, max_output_tokens=4)
     logp, old, adv, mask = _preset_case()
-    loss = F.policy_loss(logp, old, adv, mask, loss_type=loss_type, clip=cfg.clip_bounds(),
+    low, high = cfg.clip_range()
+    loss = F.policy_loss(logp, old, adv, mask, loss_type=loss_type, clip_low=low, clip_high=high,
                          max_completion_length=cfg.max_output_tokens)
     assert float(loss) == pytest.approx(expected, rel=1e-5, abs=1e-7)
 
@@ -266,16 +268,16 @@ def test_preset_table_settings_and_user_overrides(tiny):
     from evollm.algorithms.grpo import CISPO, GSPO, GRPOConfig
 
     model, tok = tiny
-    assert GRPOConfig(loss_type="dapo").clip_bounds() == pytest.approx((0.8, 1.28))
+    assert GRPOConfig(loss_type="dapo").clip_range() == pytest.approx((0.2, 0.28))
     assert GRPOConfig(loss_type="dr_grpo").reward_scaling() == "none"
     assert GRPOConfig(loss_type="grpo").reward_scaling() == "group"
-    assert GSPO(model, tok.pad_token_id).config.clip_bounds() == pytest.approx((1 - 3e-4, 1 + 4e-4))
-    assert CISPO(model, tok.pad_token_id).config.clip_bounds()[1] == pytest.approx(5.0)
-    assert GSPO(model, tok.pad_token_id, clip_high=0.01).config.clip_bounds() == pytest.approx((1 - 3e-4, 1.01))
+    assert GSPO(model, tok.pad_token_id).config.clip_range() == pytest.approx((3e-4, 4e-4))
+    assert CISPO(model, tok.pad_token_id).config.clip_range()[1] == pytest.approx(4.0)
+    assert GSPO(model, tok.pad_token_id, clip_high=0.01).config.clip_range() == pytest.approx((3e-4, 0.01))
     assert GRPOConfig(loss_type="dr_grpo", scale_rewards="group").reward_scaling() == "group"
     agent = make_grpo(model, tok)[0]  # a loss_type mutation brings its preset along
     agent.set_hyperparameter("loss_type", "gspo")
-    assert agent.config.clip_bounds() == pytest.approx((1 - 3e-4, 1 + 4e-4))
+    assert agent.config.clip_range() == pytest.approx((3e-4, 4e-4))
     with pytest.raises(ValueError, match="bnpo.*removed.*dapo"):
         GRPOConfig(loss_type="bnpo").validate()
 

@@ -134,10 +134,14 @@ def test_rewards_get_raw_values_and_extra_columns(tiny):
 def test_long_prompts_are_dropped_with_a_warning(tiny):
     _, tok = tiny
     data = Dataset.from_dict({"question": ["1+1=", "1" * 50 + "+1="] * 4, "answer": ["2", "x"] * 4})
-    with pytest.warns(UserWarning, match="dropped 4 of 8 prompts longer than max_context_length=20"):
+    with pytest.warns(UserWarning, match="dropped 4 of 8 prompts longer than env.max_context_length=20"):
         env = ReasoningGym(data, data, tok, lambda c, a, q: 0.0, [{"role": "user", "content": "{question}"}],
                            data_batch_size_per_gpu=2, max_context_length=20)
     assert len(env) == 4 and env.longest_prompt() <= 20
+    with pytest.raises(ValueError, match=r"train dataset is empty after dropping over-long prompts: all 4 are longer "
+                                         r"than env.max_context_length=5 tokens \(shortest \d+, longest \d+\)"):
+        ReasoningGym(data.select([1, 3, 5, 7]), data, tok, lambda c, a, q: 0.0,
+                     [{"role": "user", "content": "{question}"}], max_context_length=5)
 
 
 def test_max_model_len_bounds_prompt_plus_completion(tiny, arithmetic_env):

@@ -41,3 +41,27 @@ def test_callbacks_see_every_step_evaluation_and_selection(tiny, arithmetic_env)
     select = rec.events[4]
     assert select[1] == 2 and len(select[2]) == 2
     assert rec.events[-1] == ("end", 4)
+
+
+def test_tensorboard_shows_each_step_once_after_a_kill_and_resume(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from evollm.run.callbacks import LoopState
+    from evollm.run.logging import TensorBoardLogger
+
+    def segment(first, last, resumed_at):
+        logger = TensorBoardLogger(tmp_path)
+        logger.on_train_begin(LoopState(resumed_at, 10, [], None))
+        for step in range(first, last + 1):
+            logger.on_step_end(LoopState(step, 10, [], None), {0: {"loss": float(step)}})
+        for w in logger.writers.values():
+            w.flush()  # a kill -9: flushed, never closed
+        return logger
+
+    segment(1, 5, 0)           # killed after step 5; the newest checkpoint is step 3
+    segment(4, 6, 3).on_train_end(None)
+    acc = EventAccumulator(str(tmp_path / "member_0"))
+    acc.Reload()
+    tag = next(t for t in acc.Tags()["scalars"] if "loss" in t)
+    events = acc.Scalars(tag)
+    assert [e.step for e in events] == [1, 2, 3, 4, 5, 6] and [e.value for e in events] == [1, 2, 3, 4, 5, 6]

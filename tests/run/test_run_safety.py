@@ -220,7 +220,7 @@ def _cli_case(tmp_path, name):
         "resume missing dir": (["resume", str(tmp_path / "none")], "does not exist"),
         "resume not a run": (["resume", str(_nonempty(tmp_path))], "is not an evollm run directory"),
         "resume other --set": (["resume", str(_run_dir(tmp_path)), "--set", "seed=3"],
-                               "only train.max_steps can change when resuming"),
+                               "seed cannot change when resuming (it would make another run); resume can change train.max_steps"),
         "resume no checkpoint": (["resume", str(_run_dir(tmp_path)), "--set", f"train.max_steps=3"],
                                  "no valid checkpoint in"),
     }

@@ -225,3 +225,21 @@ def test_multiturn_ppo_metrics_have_the_critic_and_the_costs():
     assert len(m) == 2 and {"value_loss", "policy_loss", "explained_variance", "mean_turns"} <= set(m.columns)
     assert (m["gen_tokens"] > 0).all() and (m["time_generate_s"] > 0).all() and m["time_eval_s"].notna().tolist() == [False, True]
     assert ("value_loss", "value loss (critic)") in diagnostic_panels(m)
+
+
+def test_progress_says_stopped_after_a_run_that_did_not_finish(tmp_path, tiny, arithmetic_env):
+    from evollm.training.callbacks import Callback
+
+    class StopAtStep2(Callback):
+        def on_step_end(self, state, metrics):
+            if state.step == 2:
+                raise KeyboardInterrupt
+
+    model, tok = tiny
+    pop = make_grpo(model, tok, n=2)
+    with pytest.raises(KeyboardInterrupt):
+        finetune_llm_reasoning(pop, arithmetic_env, max_steps=4, evaluation_interval=1, verbose=False,
+                               callbacks=[RunFilesWriter(tmp_path, plots=False), StopAtStep2()])
+    progress = json.loads((tmp_path / "progress.json").read_text())
+    assert progress["status"] == "stopped" and progress["step"] >= 1
+    assert read_run(tmp_path).progress["status"] == "stopped"

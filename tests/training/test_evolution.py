@@ -70,7 +70,7 @@ def test_clip_coef_reaches_loss_bounds(tiny, batch):
     a, b = _pair(tiny, "clip_coef", 0.001, 0.9, update_epochs=3, lr=3e-2)
     ma, mb = a.learn((ids, masks, rewards)), b.learn((ids, masks, rewards))
     assert ma["clip_fraction"] > mb["clip_fraction"]
-    assert a.config.clip_bounds() == (0.999, 1.001)
+    assert a.config.clip_range() == (0.001, 0.001)
 
 
 @pytest.mark.parametrize("name", ["clip_low", "clip_high"])
@@ -80,8 +80,8 @@ def test_clip_low_and_high_reach_loss_bounds(tiny, batch, name):
     ma, mb = a.learn((ids, masks, rewards)), b.learn((ids, masks, rewards))
     assert ma["clip_fraction"] > mb["clip_fraction"]
     side = 0 if name == "clip_low" else 1
-    assert a.config.clip_bounds()[side] == pytest.approx(0.999 if side == 0 else 1.001)
-    assert a.config.clip_bounds()[1 - side] == pytest.approx(0.8 if side == 1 else 1.2)  # the other side: preset
+    assert a.config.clip_range()[side] == pytest.approx(0.001)
+    assert a.config.clip_range()[1 - side] == pytest.approx(0.2)  # the other side: preset
 
 
 @pytest.mark.parametrize("name, low, high", [("loss_type", "grpo", "dr_grpo"), ("scale_rewards", "group", "none")])

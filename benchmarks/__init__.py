@@ -1,0 +1,1 @@
+"""Benchmarks of evollm (scripts; not part of the library)."""

@@ -1,0 +1,330 @@
+"""The arms of the benchmark. Each one gets the same CPU-time budget per seed and is scored the same way.
+
+* ``evollm`` -- a population with the library's default evolution settings: whatever ``evollm train``
+  gives for the task's config once a population is asked for (search space, founders, selection,
+  mutation, schedule); :func:`evolution_overrides` says what the harness adds where the library leaves a
+  value unset.
+* ``no_mutation`` -- the same population and selection, every mutation off (does mutation help?).
+* ``tpe`` / ``random`` -- Optuna TPE / random search over the same space: single-member trials of
+  ``trial_steps`` steps one after another, each ranked by one validation evaluation at its end.
+* ``default`` -- one member at the library's defaults for the whole budget (no validation evaluations:
+  nothing to choose).
+* ``grid:NAME=VALUE`` -- one member at a fixed learning rate (every learning rate of the space set to
+  VALUE); the best point of the grid, chosen after the fact, is context, not a competitor.
+
+Budget: ``time.process_time()`` of the worker process (one torch thread), counted from after the base
+is loaded and the task built; it includes generation, learning, the arm's own validation evaluations,
+selection and mutation. An arm stops at the first step end past the budget. The evollm arms also get
+the budget as ``train.max_time`` on the CPU clock where the library has one (its narrowing schedule
+reads it). At every checkpoint ``k/checkpoints`` of the budget the arm's current recommendation
+(evollm: the library's best member, as ``Population.best``; tuners: the best finished trial by its
+validation score; single runs: the member) is copied (adapter weights only), and after the run each
+copy is scored on the report set, off the clock, greedy, the same way in every arm.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+#: what the harness adds to the evollm arm only where the library's run config leaves the value unset
+#: (the same for every task: population size and a selection interval when train.evo_steps is null)
+EVOLUTION_FALLBACK = {"population_size": 8, "evo_steps_per_evaluation": 2}
+#: the space used when the library offers no default search space (same for every task)
+FALLBACK_SPACE = {"lr": dict(min=1e-5, max=1e-2, log=True)}  # every learning rate of the algorithm
+LR_NAMES = ("lr", "lr_actor", "lr_critic", "actor_learning_rate", "critic_learning_rate")
+FOREVER = 10**9
+
+
+class OutOfBudget(Exception):
+    pass
+
+
+class Clock:
+    """CPU seconds of this process (all threads) and wall seconds since the arm started."""
+
+    def __init__(self, budget: float, checkpoints: int):
+        self.budget = float(budget)
+        self.marks = [budget * (k + 1) / checkpoints for k in range(checkpoints)]
+        self.cpu0, self.wall0 = time.process_time(), time.perf_counter()
+
+    def cpu(self) -> float:
+        return time.process_time() - self.cpu0
+
+    def wall(self) -> float:
+        return time.perf_counter() - self.wall0
+
+
+def snapshot(agent) -> list:
+    """A copy of the member's (actor) adapter weights: all that greedy generation depends on."""
+    return [p.detach().clone() for p in agent.shared.parameters(agent.adapter_name())]
+
+
+class Recorder:
+    """What one (arm, seed) run leaves to score: at every checkpoint ``k/N`` of the budget, a snapshot of
+    the arm's recommendation (copied in the run, scored on the report set after it, off the clock)."""
+
+    def __init__(self, clock: Clock):
+        self.clock = clock
+        self.checkpoints: list[dict] = []
+        self.evaluations: list[dict] = []
+        self.snapshots: dict[str, list] = {}
+
+    def keep(self, key: str, agent) -> str:
+        self.snapshots[key] = snapshot(agent)
+        return key
+
+    def step_end(self, step: int, recommend) -> None:
+        """``recommend()`` returns the member to snapshot, or the key of a snapshot already kept."""
+        cpu = self.clock.cpu()
+        due = [m for m in self.clock.marks[len(self.checkpoints):] if cpu >= m]
+        if due:
+            rec = recommend()
+            key = rec if isinstance(rec, str) else self.keep(f"checkpoint{len(self.checkpoints)}", rec)
+            for mark in due:
+                self.checkpoints.append({"fraction": mark / self.clock.budget, "cpu_s": cpu,
+                                         "wall_s": self.clock.wall(), "step": step, "snapshot": key})
+        if cpu >= self.clock.budget:
+            raise OutOfBudget
+
+    def callback(self, recommend, trial: int | None = None):
+        from evollm.training.callbacks import Callback
+        rec = self
+
+        class _Budget(Callback):
+            def on_step_end(self, state, metrics):
+                rec.step_end(state.step, lambda: recommend(state))
+
+            def on_evaluation(self, state, fitness):
+                rec.evaluations.append({"cpu_s": rec.clock.cpu(), "step": state.step, "trial": trial,
+                                        "members": [int(a.index) for a in state.agents],
+                                        "fitness": [float(f) for f in fitness],
+                                        "hyperparameters": [hps(a) for a in state.agents]})
+        return _Budget()
+
+    def score(self, task, cfg, initial: dict) -> int:
+        """Score every kept snapshot on the report set (a fresh member loaded with its weights) and fill
+        in the checkpoints' ``score``/``se``; returns the number of report evaluations."""
+        from .task import mean_se
+        scores = {"initial": initial}
+        for key, tensors in self.snapshots.items():
+            member = members_of(with_overrides(cfg, ["algorithm.population_size=1", "hpo={}"]), task, None)[0]
+            params = member.shared.parameters(member.adapter_name())
+            if [p.shape for p in params] != [t.shape for t in tensors]:
+                raise ValueError(f"snapshot {key}: adapter shapes differ from a fresh member's (evolved LoRA rank?)")
+            with torch_no_grad():
+                for p, t in zip(params, tensors):
+                    p.copy_(t)
+            scores[key] = dict(zip(("score", "se"), mean_se(task.report(member))))
+            member.release()
+        for c in self.checkpoints:
+            c.update(scores[c["snapshot"]])
+        return len(self.snapshots)
+
+
+def torch_no_grad():
+    import torch
+    return torch.no_grad()
+
+
+def hps(agent) -> dict:
+    """The member's evolvable hyperparameters (those of its hp_config) as plain values."""
+    names = list(getattr(agent, "hp_config", None) or []) or [n for n in LR_NAMES if hasattr(agent.config, n)]
+    out = {}
+    for name in names:
+        try:
+            v = agent.get_hyperparameter(name)
+        except (AttributeError, KeyError, ValueError):
+            continue
+        out[name] = v if isinstance(v, (int, str, bool)) or v is None else float(v)
+    return out
+
+
+def library_best(state):
+    """The member the library would hand back now (:meth:`Population.best` over the live members)."""
+    scored = [a for a in state.agents if a.fitness]
+    return max(scored, key=lambda a: a.fitness[-1]) if scored else state.agents[0]
+
+
+# --------------------------------------------------------------------------- the arms' configs
+def evolution_overrides(cfg) -> list[str]:
+    """``--set`` overrides that turn the task's config into the evollm arm: a population, and evolution on,
+    with the library's defaults for everything it defines (fallbacks in :data:`EVOLUTION_FALLBACK`)."""
+    out = []
+    if cfg.algorithm.population_size < 2:
+        out.append(f"algorithm.population_size={EVOLUTION_FALLBACK['population_size']}")
+    if cfg.train.evo_steps is None:
+        out.append(f"train.evo_steps={cfg.train.evaluation_interval * EVOLUTION_FALLBACK['evo_steps_per_evaluation']}")
+    return out
+
+
+def search_space(cfg):
+    """The evollm arm's search space: the library's (``build_hpo``), else :data:`FALLBACK_SPACE`."""
+    from evollm.hpo import HyperparameterConfig, RLParameter
+    from evollm.recipes.builders import build_hpo
+
+    hp_config = build_hpo(cfg)[0]
+    if hp_config is None or not len(hp_config):
+        hp_config = HyperparameterConfig(**{n: RLParameter(**FALLBACK_SPACE["lr"]) for n in _lr_names(cfg)})
+    return hp_config
+
+
+def _lr_names(cfg) -> list[str]:
+    from evollm.config import algorithm_class
+    mutable = set(getattr(algorithm_class(cfg.algorithm.name), "MUTABLE", ()))
+    names = [n for n in LR_NAMES if n in mutable]
+    if "lr_actor" in names and "lr" in names:
+        names.remove("lr")
+    return names
+
+
+def with_overrides(cfg, overrides: list[str]):
+    from evollm.config import RunConfig
+    from evollm.config.schema import apply_override
+    data = cfg.to_dict(explicit=True)
+    for item in overrides:
+        apply_override(data, item)
+    return RunConfig.from_dict(data)
+
+
+def members_of(cfg, task, hp_config):
+    from evollm.recipes.cli import build_population
+    return build_population(cfg, task.model, task.tokenizer, hp_config)
+
+
+# --------------------------------------------------------------------------- arms
+def budget_kwargs(cfg, budget: float) -> dict:
+    """The loop keywords ``evollm train`` derives from the config for a run with a CPU-time budget of
+    ``budget`` seconds (``train.max_time`` on the CPU clock, and the narrowing schedule it drives), for
+    the library versions that have them; the harness stops every arm at the same point anyway."""
+    import inspect
+
+    from evollm.recipes import builders
+    from evollm.training.loop import evolve
+    out = {}
+    if "max_time_clock" in inspect.signature(evolve).parameters:
+        out.update(max_time=budget, max_time_clock="cpu")
+    if hasattr(builders, "build_narrowing"):
+        out["narrowing"] = builders.build_narrowing(cfg)
+    return out
+
+
+def run_population(task, cfg, rec: Recorder, mutate: bool) -> dict:
+    from evollm.recipes.builders import build_hpo
+
+    cfg = with_overrides(cfg, evolution_overrides(cfg) + ([] if mutate else [
+        "hpo.mutation.no_mutation=1.0", "hpo.mutation.rl_hp=0.0", "hpo.mutation.lora_rank=0.0"]))
+    hp_config = search_space(cfg)
+    _, mutation, selection = build_hpo(cfg)
+    members = members_of(cfg, task, hp_config)
+    founders = [hps(a) for a in members]
+    live: dict = {}
+
+    def recommend(state):
+        live["agents"] = state.agents
+        return library_best(state)
+
+    try:
+        task.train(members, seed=cfg.seed, max_steps=FOREVER, evaluation_interval=cfg.train.evaluation_interval,
+                   evo_steps=cfg.train.evo_steps, tournament=selection, mutation=mutation,
+                   callbacks=[rec.callback(recommend)], **budget_kwargs(cfg, rec.clock.budget))
+    except OutOfBudget:
+        pass
+    return {"founders": founders, "population_size": len(members), "evo_steps": cfg.train.evo_steps,
+            "evaluation_interval": cfg.train.evaluation_interval, "mutation": cfg.hpo.mutation.to_dict(),
+            "selection": cfg.hpo.selection.to_dict(), "final_members": [hps(a) for a in live.get("agents", [])]}
+
+
+def run_single(task, cfg, rec: Recorder, fixed: dict | None = None) -> dict:
+    cfg = with_overrides(cfg, ["algorithm.population_size=1", "hpo={}"]
+                         + [f"algorithm.hyperparameters.{k}={v:.6e}" for k, v in (fixed or {}).items()])
+    agent = members_of(cfg, task, None)[0]
+    try:
+        task.train([agent], seed=cfg.seed, max_steps=FOREVER, evaluation_interval=FOREVER,
+                   callbacks=[rec.callback(lambda state: state.agents[0])])
+    except OutOfBudget:
+        pass
+    return {"hyperparameters": hps(agent), "fixed": fixed or {}}
+
+
+def run_trials(task, cfg, rec: Recorder, sampler: str, trial_steps: int, startup: int) -> dict:
+    import optuna
+    from evollm.hpo import hp_config_to_distributions
+
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    space_cfg = with_overrides(cfg, evolution_overrides(cfg))
+    distributions = hp_config_to_distributions(search_space(space_cfg))
+    seed = int(cfg.seed)
+    make = {"tpe": lambda: optuna.samplers.TPESampler(seed=seed, n_startup_trials=startup),
+            "random": lambda: optuna.samplers.RandomSampler(seed=seed)}[sampler]
+    study = optuna.create_study(direction="maximize", sampler=make())
+    single = with_overrides(cfg, ["algorithm.population_size=1", "hpo={}"])
+    trials: list[dict] = []
+    best: dict = {"value": -math.inf, "key": "initial"}
+    k = 0
+    while True:
+        trial = study.ask(distributions)
+        params = dict(trial.params)
+        agent = members_of(single, task, None)[0]
+        for name, value in params.items():
+            agent.set_hyperparameter(name, value)
+        n_eval = len(rec.evaluations)
+        stopped = False
+        try:
+            task.train([agent], seed=seed + 1000 * k, max_steps=trial_steps, evaluation_interval=trial_steps,
+                       callbacks=[rec.callback(lambda state: best["key"], trial=k)])
+        except OutOfBudget:
+            stopped = True
+        done = rec.evaluations[n_eval:]
+        value = done[-1]["fitness"][0] if done and not stopped else None
+        entry = {"trial": k, "hyperparameters": params, "value": value, "finished": value is not None}
+        if value is not None:
+            study.tell(trial, value)
+            if value > best["value"]:
+                best.update(value=value, key=rec.keep(f"trial{k}", agent), trial=k)
+        trials.append(entry)
+        agent.release()
+        if stopped:
+            break
+        k += 1
+        try:  # a trial's final evaluation may cross a checkpoint, or the budget
+            rec.step_end(-1, lambda: best["key"])
+        except OutOfBudget:
+            break
+    return {"trials": trials, "trial_steps": trial_steps, "best_trial": best.get("trial"),
+            "space": {k: str(v) for k, v in distributions.items()}}
+
+
+def run_arm(arm: str, task, cfg, clock: Clock, args) -> tuple[dict, Recorder]:
+    rec = Recorder(clock)
+    if arm == "evollm":
+        out = run_population(task, cfg, rec, mutate=True)
+    elif arm == "no_mutation":
+        out = run_population(task, cfg, rec, mutate=False)
+    elif arm == "default":
+        out = run_single(task, cfg, rec)
+    elif arm in ("tpe", "random"):
+        out = run_trials(task, cfg, rec, arm, args.trial_steps, args.tpe_startup)
+    elif arm.startswith("grid:"):
+        fixed = grid_point(cfg, arm)
+        out = run_single(task, cfg, rec, fixed)
+    else:
+        raise ValueError(f"unknown arm {arm!r}")
+    return out, rec
+
+
+def grid_point(cfg, arm: str) -> dict:
+    """``grid:lr=3e-4`` -> every learning rate of the search space at 3e-4."""
+    value = float(arm.split("=", 1)[1])
+    names = list(search_space(with_overrides(cfg, evolution_overrides(cfg))))
+    lrs = [n for n in names if n in LR_NAMES] or _lr_names(cfg)
+    return {n: value for n in lrs}
+
+
+def grid_values(cfg, points: int) -> list[float]:
+    """``points`` learning rates evenly spread (log scale) inside the search space's learning-rate range."""
+    space = search_space(with_overrides(cfg, evolution_overrides(cfg)))
+    p = next(space[n] for n in space if n in LR_NAMES)
+    lo, hi = math.log10(p.min), math.log10(p.max)
+    return [float(f"{10 ** (lo + (hi - lo) * (i + 0.5) / points):.2g}") for i in range(points)]

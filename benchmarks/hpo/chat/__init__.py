@@ -1,0 +1,1 @@
+"""The short-answer chat task of the benchmark: short_answers.jsonl + reward.score."""

@@ -1,0 +1,230 @@
+"""Hyperparameter search at equal compute, for any task a run config describes.
+
+    python -m benchmarks.hpo.run --config benchmarks/hpo/configs/tiny_arithmetic.yaml \
+        --seeds 8 --budget-cpu-s 60 --trial-steps 100 --jobs 2 --out benchmarks/results/hpo_tiny
+
+The config is an ordinary ``evollm train`` config: its model, task and env sections (and the task's
+fixed algorithm settings such as group_size) define the task; the benchmark adds each arm's own settings
+(see :mod:`benchmarks.hpo.arms`). Every (arm, seed) runs in its own process with one torch thread; the
+parts are kept in ``--parts-dir`` and reused, so an interrupted benchmark continues. Writes ``OUT.json``
+(every run, every checkpoint, every trial), ``OUT.png`` and ``OUT.md`` (tables), and prints the tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+BASE_ARMS = ("evollm", "no_mutation", "tpe", "random", "default")
+
+
+# --------------------------------------------------------------------------- worker
+def worker(args) -> int:
+    """Run the (arm, seed) jobs of ``args.job`` one after another on ONE loaded task (imports and the base
+    are paid once per process, outside every budget); each job's JSON is written when it ends."""
+    import torch
+
+    torch.set_num_threads(1)
+    from evollm.config import RunConfig
+    from evollm.models.loading import set_threads
+
+    from .task import load_task
+
+    set_threads(1)
+    cfg = RunConfig.from_yaml(args.config, args.set)
+    t0, c0 = time.perf_counter(), time.process_time()
+    task = load_task(cfg, args.report_size)
+    setup = {"cpu_s": time.process_time() - c0, "wall_s": time.perf_counter() - t0}
+    for job in args.job:
+        arm, rest = job.split("@", 1)
+        seed, path = rest.split("=", 1)
+        if not Path(path).exists():
+            run_one(task, cfg, arm, int(seed), Path(path), setup, args)
+    return 0
+
+
+def run_one(task, cfg, arm: str, seed: int, path: Path, setup: dict, args) -> None:
+    import torch
+
+    from .arms import Clock, run_arm, with_overrides
+    from .task import mean_se
+
+    seed_overrides = [f"seed={seed}"] + ([f"task.seed={int(cfg.seed)}"] if task.kind == "reasoning" else [])
+    cfg = with_overrides(cfg, seed_overrides)
+    task.new_run()
+    torch.manual_seed(seed)
+    base = _base_member(task, cfg)
+    initial = dict(zip(("score", "se"), mean_se(task.report(base))))
+    base.release()
+    clock = Clock(args.budget_cpu_s, args.checkpoints)
+    out, rec = run_arm(arm, task, cfg, clock, args)
+    cpu_s, wall_s = clock.cpu(), clock.wall()
+    c0, w0 = time.process_time(), time.perf_counter()
+    report_evals = rec.score(task, cfg, initial)
+    last_eval = rec.evaluations[-1] if rec.evaluations else None
+    part = {"arm": arm, "seed": seed, "budget_cpu_s": args.budget_cpu_s, "cpu_s": cpu_s, "wall_s": wall_s,
+            "report_cpu_s": time.process_time() - c0, "report_wall_s": time.perf_counter() - w0,
+            "setup": setup, "initial": initial, "checkpoints": rec.checkpoints, "evaluations": rec.evaluations,
+            "report_evals": report_evals, "report_size": task.report_size,
+            "validation_size": task.validation_size, "steps": rec.checkpoints[-1]["step"] if rec.checkpoints else 0,
+            **out}
+    part["recommended_hyperparameters"] = _recommended(part, last_eval)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(part, indent=1, default=float))
+    tmp.replace(path)
+    print(f"{arm} seed {seed}: final {part['checkpoints'][-1]['score'] if part['checkpoints'] else None} "
+          f"({part['cpu_s']:.0f} CPU-s, {part['wall_s']:.0f} s wall)", flush=True)
+
+
+def _base_member(task, cfg):
+    """A member with a fresh adapter (LoRA's B starts at zero): it scores as the base model."""
+    from .arms import members_of, with_overrides
+    return members_of(with_overrides(cfg, ["algorithm.population_size=1", "hpo={}"]), task, None)[0]
+
+
+def _recommended(part: dict, last_eval: dict | None) -> dict:
+    if "trials" in part:
+        best = part.get("best_trial")
+        return next((t["hyperparameters"] for t in part["trials"] if t["trial"] == best), {})
+    if "fixed" in part:
+        return part.get("hyperparameters", {})
+    if last_eval:
+        i = max(range(len(last_eval["fitness"])), key=lambda j: last_eval["fitness"][j])
+        return last_eval["hyperparameters"][i]
+    return {}
+
+
+# --------------------------------------------------------------------------- driver
+def arms_of(args, cfg) -> list[str]:
+    from .arms import grid_values
+    arms = list(args.arms)
+    if args.grid_points and "grid" not in args.skip:
+        arms += [f"grid:lr={v:g}" for v in grid_values(cfg, args.grid_points)]
+    return [a for a in arms if a not in args.skip]
+
+
+def run_jobs(args, jobs: list[tuple[str, int]], path_of: dict, parts: Path) -> None:
+    """``args.jobs`` worker processes, each running its share of the unfinished jobs in turn."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1",
+               PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    todo = [j for j in jobs if not path_of[j].exists()]
+    shares = [todo[i::args.jobs] for i in range(args.jobs)]
+    procs = []
+    try:
+        for i, share in enumerate(s for s in shares if s):
+            log = open(parts / f"worker{i}.log", "a")
+            cmd = [sys.executable, "-m", "benchmarks.hpo.run", "--worker"] + args.passthrough + \
+                [x for j in share for x in ("--job", f"{j[0]}@{j[1]}={path_of[j]}")]
+            procs.append((subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT), log))
+            print(f"worker {i}: {len(share)} runs (log {log.name})", flush=True)
+        for proc, log in procs:
+            proc.wait()
+            log.close()
+    finally:
+        for proc, log in procs:
+            if proc.poll() is None:
+                proc.terminate()
+                proc.wait()
+            log.close()
+    missing = [j for j in jobs if not path_of[j].exists()]
+    if missing:
+        print(f"unfinished: {missing} (logs in {parts})", flush=True)
+
+
+def driver(args) -> int:
+    from evollm.config import RunConfig
+
+    from . import stats
+
+    cfg = RunConfig.from_yaml(args.config, args.set)
+    arms = arms_of(args, cfg)
+    seeds = list(range(args.first_seed, args.first_seed + args.seeds))
+    key = hashlib.sha1(json.dumps([Path(args.config).read_text(), args.passthrough]).encode()).hexdigest()[:10]
+    parts = Path(args.parts_dir or f"/tmp/evollm_hpo/{Path(args.config).stem}_{key}")
+    parts.mkdir(parents=True, exist_ok=True)
+    jobs = [(arm, seed) for seed in seeds for arm in arms]
+    path_of = {j: parts / f"{j[0].replace(':', '_').replace('=', '')}_seed{j[1]}.json" for j in jobs}
+    if args.in_process and not args.summarise_only:
+        args.job = [f"{a}@{s}={path_of[(a, s)]}" for a, s in jobs]
+        worker(args)
+    elif not args.summarise_only:
+        run_jobs(args, jobs, path_of, parts)
+    runs = [json.loads(path_of[j].read_text()) for j in jobs if path_of[j].exists()]
+    if not runs:
+        print("no finished runs")
+        return 1
+    summary = stats.summarise(runs, args.checkpoints)
+    noise = stats.mean_se([c["se"] for r in runs for c in r["checkpoints"][-1:]])[0]
+    title = (f"{Path(args.config).stem}: {args.budget_cpu_s:g} CPU-s per seed, {len(seeds)} seeds "
+             f"(band: ± se over seeds; report set {runs[0]['report_size']}, one evaluation's se ≈ {noise:.3f})")
+    md = stats.table(summary, args.checkpoints) + "\n\n<details><summary>Every run</summary>\n\n" \
+        + stats.per_run_table(runs) + "\n\n</details>\n"
+    print("\n" + md)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    stats.plot(runs, args.checkpoints, args.budget_cpu_s, title, out.with_suffix(".png"))
+    out.with_suffix(".md").write_text(f"{title}\n\n{md}")
+    doc = {"benchmark": "hpo", "config": str(args.config), "config_text": Path(args.config).read_text(),
+           "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+           "command": "python -m benchmarks.hpo.run " + " ".join(args.argv),
+           "git": _git_head(), "setting": {k: v for k, v in vars(args).items() if k not in ("passthrough",)},
+           "arms": arms, "seeds": seeds, "report_set_se": noise, "summary": summary,
+           "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "threads_per_run": 1,
+                       "parallel_runs": args.jobs, "load_avg_at_end": os.getloadavg()},
+           "runs": runs}
+    out.with_suffix(".json").write_text(json.dumps(doc, indent=1, default=float))
+    print(f"wrote {out.with_suffix('.json')}, .png, .md")
+    return 0
+
+
+def _git_head() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    except OSError:
+        return ""
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--config", required=True, help="an evollm run config (model, task, env, algorithm.name)")
+    p.add_argument("--set", action="append", default=[], help="override a config value (as evollm train --set)")
+    p.add_argument("--seeds", type=int, default=3, help="number of seeds (first_seed, first_seed+1, ...)")
+    p.add_argument("--first-seed", type=int, default=0)
+    p.add_argument("--budget-cpu-s", type=float, required=True, help="CPU seconds per arm and seed")
+    p.add_argument("--checkpoints", type=int, default=8, help="report evaluations at k/N of the budget")
+    p.add_argument("--trial-steps", type=int, default=50, help="steps of one tuner trial (tpe, random)")
+    p.add_argument("--tpe-startup", type=int, default=3, help="TPE's random start-up trials")
+    p.add_argument("--grid-points", type=int, default=3, help="learning rates of the post-hoc grid (0: none)")
+    p.add_argument("--report-size", type=int, default=None,
+                   help="held-out report items (single-turn: cut from task.n_test, default half; games: seeds)")
+    p.add_argument("--arms", nargs="+", default=list(BASE_ARMS), choices=BASE_ARMS)
+    p.add_argument("--skip", nargs="*", default=[], help="arms to leave out (e.g. grid)")
+    p.add_argument("--jobs", type=int, default=2, help="worker processes at a time")
+    p.add_argument("--out", default="benchmarks/results/hpo", help="OUT.json, OUT.png, OUT.md")
+    p.add_argument("--parts-dir", default=None, help="where each run's JSON is kept (default under /tmp)")
+    p.add_argument("--in-process", action="store_true", help="run every job in this process, one after another")
+    p.add_argument("--summarise-only", action="store_true", help="tables and plot from the parts already there")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--job", action="append", default=[], help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    args.argv = argv
+    args.passthrough = ["--config", str(args.config), "--budget-cpu-s", str(args.budget_cpu_s),
+                        "--checkpoints", str(args.checkpoints), "--trial-steps", str(args.trial_steps),
+                        "--tpe-startup", str(args.tpe_startup)] + \
+        (["--report-size", str(args.report_size)] if args.report_size else []) + \
+        [x for s in args.set for x in ("--set", s)]
+    return worker(args) if args.worker else driver(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,155 @@
+"""Summaries of the benchmark's runs: scores at the budget's checkpoints, paired differences against
+evollm, time to the default run's final score, markdown tables and one plot per task."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+ORDER = ("evollm", "no_mutation", "tpe", "random", "default", "grid_best")
+NAMES = {"evollm": "evollm (library defaults)", "no_mutation": "population, selection only",
+         "tpe": "Optuna TPE trials", "random": "random-search trials", "default": "one run, library defaults",
+         "grid_best": "best lr of a post-hoc grid (context)"}
+
+
+def mean_se(xs) -> tuple[float, float]:
+    xs = [x for x in xs if x is not None and not math.isnan(x)]
+    if not xs:
+        return math.nan, math.nan
+    m = sum(xs) / len(xs)
+    if len(xs) < 2:
+        return m, math.nan
+    return m, math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1) / len(xs))
+
+
+def fmt(m: float, se: float, digits: int = 3) -> str:
+    if math.isnan(m):
+        return "-"
+    return f"{m:.{digits}f}" + ("" if math.isnan(se) else f" ± {se:.{digits}f}")
+
+
+def fmt_diff(m: float, se: float) -> str:
+    return "-" if math.isnan(m) else f"{m:+.3f} ± {se:.3f}" if not math.isnan(se) else f"{m:+.3f}"
+
+
+def curve(run: dict, checkpoints: int) -> list[float | None]:
+    """Report score at each checkpoint fraction k/checkpoints (None where the run did not get there)."""
+    by = {round(c["fraction"] * checkpoints): c["score"] for c in run["checkpoints"]}
+    return [by.get(k + 1) for k in range(checkpoints)]
+
+
+def arm_runs(runs: list[dict], checkpoints: int) -> dict[str, dict[int, list]]:
+    """``{arm: {seed: curve}}``; the grid's points are folded into ``grid_best``: the point with the highest
+    mean final score over its seeds (chosen after the fact)."""
+    out: dict[str, dict[int, list]] = {}
+    grid: dict[str, dict[int, list]] = {}
+    for r in runs:
+        target = grid.setdefault(r["arm"], {}) if r["arm"].startswith("grid:") else out.setdefault(r["arm"], {})
+        target[r["seed"]] = curve(r, checkpoints)
+    if grid:
+        best = max(grid, key=lambda a: mean_se([c[-1] for c in grid[a].values()])[0])
+        out["grid_best"] = grid[best]
+        out["_grid_choice"] = best  # type: ignore[assignment]
+    return out
+
+
+def first_reach(c: list, target: float) -> float | None:
+    """Fraction of the budget at the first checkpoint whose score reaches ``target``."""
+    for k, v in enumerate(c):
+        if v is not None and v >= target - 1e-9:
+            return (k + 1) / len(c)
+    return None
+
+
+def summarise(runs: list[dict], checkpoints: int) -> dict:
+    arms = arm_runs(runs, checkpoints)
+    grid_choice = arms.pop("_grid_choice", None)
+    ref = arms.get("evollm", {})
+    default = arms.get("default", {})
+    rows = {}
+    for arm in [a for a in ORDER if a in arms] + sorted(a for a in arms if a not in ORDER):
+        seeds = arms[arm]
+        finals = [c[-1] for c in seeds.values()]
+        row = {"seeds": sorted(seeds), "final": mean_se(finals),
+               "by_checkpoint": [mean_se([c[k] for c in seeds.values()]) for k in range(checkpoints)]}
+        paired = [ref[s][-1] - seeds[s][-1] for s in seeds if s in ref and ref[s][-1] is not None
+                  and seeds[s][-1] is not None]
+        if arm != "evollm" and paired:
+            row["evollm_minus_arm"] = mean_se(paired)
+            row["evollm_ahead"] = f"{sum(d > 0 for d in paired)}/{sum(d < 0 for d in paired)}/{len(paired)}"
+        if default:
+            reach = [first_reach(seeds[s], default[s][-1]) for s in seeds if s in default and default[s][-1] is not None]
+            row["to_default_final"] = reach
+            half = len(default[next(iter(default))]) // 2
+            diffs = [seeds[s][half - 1] - default[s][-1] for s in seeds if s in default and half >= 1
+                     and seeds[s][half - 1] is not None and default[s][-1] is not None]
+            row["half_minus_default_final"] = mean_se(diffs)
+        rows[arm] = row
+    return {"arms": rows, "grid_choice": grid_choice}
+
+
+def table(summary: dict, checkpoints: int) -> str:
+    fr = [f"{(k + 1) / checkpoints:.2g}" for k in range(checkpoints)]
+    show = sorted({checkpoints // 4 - 1, checkpoints // 2 - 1, checkpoints - 1} - {-1})
+    head = ("| arm | seeds | held-out score at " + ", ".join(fr[k] for k in show) + " of the budget (mean ± se) "
+            "| evollm − arm, final (paired mean ± se) | evollm ahead / behind / seeds "
+            "| reaches the default's final score (seeds; median fraction of the budget) "
+            "| score at 1/2 budget − default's final (paired) |")
+    lines = [head, "|---|---|---|---|---|---|---|"]
+    for arm, row in summary["arms"].items():
+        name = NAMES.get(arm, arm) + (f" [{summary['grid_choice'].split(':', 1)[1]}]" if arm == "grid_best" else "")
+        reach = [r for r in row.get("to_default_final", []) if r is not None]
+        med = sorted(reach)[(len(reach) - 1) // 2] if reach else None
+        reach_s = (f"{len(reach)}/{len(row.get('to_default_final', []))}; {med:.2f}" if med is not None
+                   else f"0/{len(row.get('to_default_final', []))}") if "to_default_final" in row else "-"
+        lines.append(f"| {name} | {len(row['seeds'])} | " + " / ".join(fmt(*row["by_checkpoint"][k]) for k in show)
+                     + f" | {fmt_diff(*row.get('evollm_minus_arm', (math.nan, math.nan)))}"
+                     f" | {row.get('evollm_ahead', '-')} | {reach_s}"
+                     f" | {fmt_diff(*row.get('half_minus_default_final', (math.nan, math.nan)))} |")
+    return "\n".join(lines)
+
+
+def per_run_table(runs: list[dict]) -> str:
+    lines = ["| arm | seed | final held-out score ± se (report set) | CPU s | wall s | steps | trials "
+             "| report evaluations | best hyperparameters at the end |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in sorted(runs, key=lambda r: (r["arm"], r["seed"])):
+        last = r["checkpoints"][-1] if r["checkpoints"] else {}
+        hp = r.get("recommended_hyperparameters") or {}
+        hs = ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in hp.items())
+        trials = len(r.get("trials", [])) or "-"
+        lines.append(f"| {r['arm']} | {r['seed']} | {last.get('score', math.nan):.3f} ± {last.get('se', math.nan):.3f} "
+                     f"| {r['cpu_s']:.0f} | {r['wall_s']:.0f} | {r.get('steps', '-')} | {trials} "
+                     f"| {r['report_evals']} | {hs} |")
+    return "\n".join(lines)
+
+
+def plot(runs: list[dict], checkpoints: int, budget: float, title: str, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    arms = arm_runs(runs, checkpoints)
+    choice = arms.pop("_grid_choice", None)
+    xs = [budget * (k + 1) / checkpoints for k in range(checkpoints)]
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for arm in [a for a in ORDER if a in arms]:
+        stats = [mean_se([c[k] for c in arms[arm].values()]) for k in range(checkpoints)]
+        m = [s[0] for s in stats]
+        se = [0.0 if math.isnan(s[1]) else s[1] for s in stats]
+        label = NAMES[arm] + (f" [{choice.split(':', 1)[1]}]" if arm == "grid_best" and choice else "")
+        style = dict(ls="--") if arm == "grid_best" else {}
+        line, = ax.plot(xs, m, marker="o", ms=3, label=label, **style)
+        ax.fill_between(xs, [a - b for a, b in zip(m, se)], [a + b for a, b in zip(m, se)], alpha=0.15,
+                        color=line.get_color())
+    if "default" in arms:
+        final = mean_se([c[-1] for c in arms["default"].values()])[0]
+        ax.axhline(final, color="grey", lw=0.8, ls=":")
+        ax.axvline(budget / 2, color="grey", lw=0.8, ls=":")
+    ax.set_xlabel("CPU seconds per seed (process time, report evaluations excluded)")
+    ax.set_ylabel("held-out score of the arm's recommendation")
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=8, loc="lower right")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

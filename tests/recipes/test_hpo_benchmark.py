@@ -1,0 +1,85 @@
+"""The equal-compute HPO benchmark (benchmarks/hpo) runs end to end on a tiny task: every arm, one seed,
+a budget of a fraction of a CPU second. Checks the JSON it writes and its budget accounting (no timings)."""
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+CONFIG = """
+seed: 0
+threads: 1
+model: {source: tiny, warm_start: false}
+task: {name: arithmetic, n_train: 64, n_test: 16, ops: ["+"], digits: [1, 1], reward: exact_match}
+env: {type: reasoning, data_batch_size_per_gpu: 4}
+algorithm:
+  name: GRPO
+  lora: {r: 4, lora_alpha: 8}
+  hyperparameters: {group_size: 4, batch_size: 16, max_output_tokens: 3}
+train: {evaluation_interval: 1}
+"""
+
+
+@pytest.fixture(scope="module")
+def result(tmp_path_factory):
+    from benchmarks.hpo.run import main
+
+    tmp = tmp_path_factory.mktemp("hpo")
+    config = tmp / "task.yaml"
+    config.write_text(CONFIG)
+    out = tmp / "bench"
+    rc = main(["--config", str(config), "--seeds", "1", "--budget-cpu-s", "0.6", "--checkpoints", "2",
+               "--trial-steps", "2", "--grid-points", "1", "--report-size", "8", "--in-process",
+               "--out", str(out), "--parts-dir", str(tmp / "parts")])
+    assert rc == 0
+    return json.loads(out.with_suffix(".json").read_text()), out
+
+
+def test_every_arm_runs_once_per_seed_and_stops_at_its_budget(result):
+    doc, out = result
+    arms = {r["arm"] for r in doc["runs"]}
+    assert {"evollm", "no_mutation", "tpe", "random", "default"} <= arms
+    assert any(a.startswith("grid:lr=") for a in arms)
+    assert out.with_suffix(".png").stat().st_size > 0 and "evollm" in out.with_suffix(".md").read_text()
+    for run in doc["runs"]:
+        assert run["seed"] == 0 and run["budget_cpu_s"] == 0.6
+        assert run["cpu_s"] >= 0.6  # an arm stops at the first step end past its budget, never before
+        fractions = [c["fraction"] for c in run["checkpoints"]]
+        assert fractions == [0.5, 1.0]
+        for c in run["checkpoints"]:
+            assert c["cpu_s"] >= c["fraction"] * 0.6
+            assert 0.0 <= c["score"] <= 1.0 and c["se"] >= 0.0  # scored on the 8 report questions
+        assert run["report_size"] == 8 and run["validation_size"] == 8
+
+
+def test_arms_differ_as_documented(result):
+    doc, _ = result
+    runs = {r["arm"]: r for r in doc["runs"]}
+    evo, frozen = runs["evollm"], runs["no_mutation"]
+    assert evo["population_size"] == frozen["population_size"] > 1
+    assert frozen["mutation"]["no_mutation"] == 1.0 and frozen["mutation"]["rl_hp"] == 0.0
+    assert len({f["lr"] for f in evo["founders"]}) == evo["population_size"]  # founders spread over the space
+    assert runs["default"]["fixed"] == {} and not runs["default"]["evaluations"]  # nothing to choose
+    for arm in ("tpe", "random"):
+        trials = runs[arm]["trials"]
+        assert trials and all(1e-5 <= t["hyperparameters"]["lr"] <= 1e-2 for t in trials)
+        finished = [t for t in trials if t["finished"]]
+        assert all(t["value"] is not None for t in finished)
+    grid = next(r for a, r in runs.items() if a.startswith("grid:"))
+    assert grid["hyperparameters"]["lr"] == pytest.approx(float(grid["arm"].split("=")[1]))
+
+
+def test_summary_pairs_every_arm_with_evollm(result):
+    doc, _ = result
+    arms = doc["summary"]["arms"]
+    assert set(arms) >= {"evollm", "no_mutation", "tpe", "random", "default", "grid_best"}
+    for name, row in arms.items():
+        assert len(row["by_checkpoint"]) == 2
+        if name != "evollm":
+            diff = row["evollm_minus_arm"][0]
+            ours = doc["runs"][[r["arm"] for r in doc["runs"]].index("evollm")]["checkpoints"][-1]["score"]
+            assert math.isfinite(diff) and -1.0 <= diff <= 1.0 and math.isfinite(ours)
+    assert doc["report_set_se"] >= 0.0  # the standard error of one report evaluation (0 when all scores agree)
