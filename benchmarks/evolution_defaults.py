@@ -142,7 +142,8 @@ def main() -> None:
         res = run_one(variant, seed, args.budget, args.final_n, str(parts / f"run_{variant}_{seed}"))
         (parts / f"{variant}_{seed}.json").write_text(json.dumps(res))
         return
-    todo = [(v, s) for s in args.seeds for v in args.variants if not (parts / f"{v}_{s}.json").exists()]
+    # a run whose log exists was started (by this or an earlier driver): delete its log to run it again
+    todo = [(v, s) for s in args.seeds for v in args.variants if not (parts / f"{v}_{s}.log").exists()]
     running: list[subprocess.Popen] = []
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     while todo or running:

@@ -112,8 +112,9 @@ class SelectionSection(Section):
 class NarrowingSection(Section):
     """A population that narrows as the budget is spent (see :class:`evollm.hpo.narrowing.Narrowing`)."""
 
-    at: list[float] = option([], "Fractions of the budget (train.max_steps, and train.max_time when set) at which "
-                             "the worst members are released, e.g. [0.25, 0.5]; [] keeps the population whole.")
+    at: list[float] = option([0.25, 0.5], "Fractions of the budget (train.max_steps, and train.max_time when set) at "
+                             "which the worst members are released (default: 8 members train as 8 for the first "
+                             "quarter, as 4 for the second, as 2 for the last half); [] keeps the population whole.")
     keep: float = option(0.5, "Share of the members kept at each of `at` (rounded up).")
     min_size: int = option(2, "Never narrow below this many members.")
 
@@ -131,9 +132,9 @@ class NarrowingSection(Section):
         self.build()
 
     def check(self, selection) -> None:
-        """The schedule never narrows below what ``selection`` needs."""
+        """A min_size set below what ``selection`` needs is an error (the default one is raised to it)."""
         narrowing = self.build()
-        if narrowing is not None and narrowing.min_size < selection.min_population:
+        if narrowing is not None and self.given("min_size") and narrowing.min_size < selection.min_population:
             raise ConfigError(f"hpo.narrowing.min_size={narrowing.min_size} is below what hpo.selection needs "
                               f"({selection.min_population} members); raise it")
 

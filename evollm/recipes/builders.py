@@ -41,12 +41,17 @@ def build_hpo(cfg: RunConfig) -> tuple[Any, Any, Any]:
 
 
 def build_narrowing(cfg: RunConfig):
-    """The :class:`~evollm.hpo.narrowing.Narrowing` of hpo.narrowing, or ``None`` (off, or a population
-    already at its minimum size)."""
+    """The :class:`~evollm.hpo.narrowing.Narrowing` of hpo.narrowing, or ``None``: off (``at: []``), a
+    population already at its minimum size, or the default schedule on a population that does not evolve
+    (train.evo_steps null: its members train to the end unless hpo.narrowing is given). The minimum size
+    is at least what the selection needs (a tournament's size)."""
     narrowing = cfg.hpo.narrowing.build()
-    if narrowing is None or cfg.algorithm.population_size <= narrowing.min_size:
+    if narrowing is None or (cfg.train.evo_steps is None and not cfg.hpo.given("narrowing")):
         return None
-    return narrowing
+    if cfg.train.evo_steps is not None:
+        need = cfg.hpo.selection.build(cfg.algorithm.population_size, cfg.seed).min_population
+        narrowing.min_size = max(narrowing.min_size, need)
+    return narrowing if cfg.algorithm.population_size > narrowing.min_size else None
 
 
 # ---------------------------------------------------------------------- the config's model section

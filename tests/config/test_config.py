@@ -273,7 +273,7 @@ def test_default_search_space_and_named_default_ranges():
 def test_budget_options_reach_the_objects():
     from evollm.recipes.builders import build_hpo, build_narrowing
 
-    cfg = load({**EVO, "algorithm": {"name": "GRPO", "population_size": 8},
+    cfg = load({**copy.deepcopy(EVO), "algorithm": {"name": "GRPO", "population_size": 8},
                 "hpo": {"narrowing": {"at": [0.25, 0.5], "keep": 0.5},
                         "selection": {"fitness": "train", "window": 5},
                         "mutation": {"model_prob": 0.5, "model_sampler": "tpe"}}},
@@ -284,3 +284,16 @@ def test_budget_options_reach_the_objects():
     assert selection.fitness == "train" and selection.window == 5
     assert mutation.model_prob == 0.5 and mutation.model_sampler == "tpe"
     assert cfg.train.max_time_clock == "cpu"
+
+
+def test_default_narrowing_applies_to_evolving_populations_only():
+    from evollm.recipes.builders import build_narrowing
+
+    eight = {"algorithm": {"name": "GRPO", "population_size": 8}}
+    narrowing = build_narrowing(load({**EVO, **eight}))
+    assert narrowing.at == (0.25, 0.5) and narrowing.sizes(8) == [8, 4, 2]
+    assert build_narrowing(load(eight)) is None  # no evolution: every member trains to the end
+    assert build_narrowing(load(eight, ["hpo.narrowing.at=[0.5]"])).sizes(8) == [8, 4]  # unless asked for
+    three = build_narrowing(load({**EVO, **eight, "hpo": {"selection": {"tournament_size": 3}}}))
+    assert three.min_size == 3 and three.sizes(8) == [8, 4, 3]
+    assert build_narrowing(load({**EVO, **eight, "hpo": {"narrowing": {"at": []}}})) is None
