@@ -100,10 +100,10 @@ def run_one(variant: str, seed: int, budget: float, final_n: int, out: str) -> d
     model, tok = build_model(cfg.model, seed)
     hp, mutation, selection = build_hpo(cfg)
     members = build_population(cfg, model, tok, hp)
-    train_cfg = {"max_steps": cfg.train.max_steps, "evaluation_interval": cfg.train.evaluation_interval,
-                 "max_time": cfg.train.max_time, "max_time_clock": "cpu", "narrowing": build_narrowing(cfg)}
+    settings = cfg.train.loop_settings(out, seed, verbose=False).replace(
+        narrowing=build_narrowing(cfg), max_time_clock="cpu", checkpoint_dir=None, save_elite=False)
     cpu0, wall0 = time.process_time(), time.perf_counter()
-    result = run_reasoning(cfg, members, tok, train_cfg, cfg.train.evo_steps, selection, mutation, quiet=True)
+    result = run_reasoning(cfg, members, tok, settings, selection, mutation, [])
     cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
     population = result["population"]
     best = population.best()

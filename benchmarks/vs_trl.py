@@ -18,7 +18,18 @@ each TRL step, so every step of every arm sees the same machine load):
   (``generate_population`` + ``GRPO.learn_population``).
 
 Each step is timed with the main thread's CPU time (``time.thread_time``, 1 torch thread) and
-wall time. Ratios are taken per step (a pair) and the median is reported.
+wall time. Ratios are taken per step (a pair) and the median is reported. "rest" (the learn step) is a
+step less its generation; TRL's generation (``_generate_and_score_completions``) includes its reference
+pass, evollm's learn includes its own.
+
+``--prompt chat`` is the realistic shape of a chat task: SmolLM2's chat template with a system prompt and
+an arithmetic question (~120 tokens), e.g. 32-token completions in groups of 8::
+
+    python benchmarks/vs_trl.py --model smollm2 --prompt chat --new-tokens 32 --group-size 8 \
+        --prompts-per-step 1 --members 0 --steps 3 --warmup 1 --out benchmarks/results/vs_trl_chat.json
+
+(TRL's learn step holds the activations of every prompt token of every completion: ~1.5 MiB per token on
+SmolLM2 without checkpointing, ~1.8 GB per 8 rows at this shape.)
 """
 
 from __future__ import annotations
@@ -36,6 +47,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 PROMPTS = [f"{a}+{b}=" for a in range(10, 40) for b in range(3, 9)]
+#: the chat shape: a system prompt and a question, through the model's chat template (~120 tokens on SmolLM2)
+SYSTEM = ("You are a careful math tutor. Solve the user's arithmetic problem step by step. Show the intermediate "
+          "results on separate lines, check each step, and keep the explanation short and precise. At the end, "
+          "write the final answer on its own line in the form 'Answer: <number>'. Do not use any tools, do not "
+          "repeat the question, and never guess: if a step is unclear, redo it before you continue.")
+QUESTIONS = [f"What is {a} * {b} + {a + b} - {b}?" for a in range(11, 41) for b in range(12, 18)]
 LORA = dict(r=8, lora_alpha=16, lora_dropout=0.0,
             target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
 
@@ -59,7 +76,11 @@ def digit_share(text: str) -> float:
 
 
 def trl_reward(completions, **kwargs):
-    return [digit_share(c) for c in completions]
+    return [digit_share(c if isinstance(c, str) else c[-1]["content"]) for c in completions]
+
+
+def chat(question: str) -> list[dict]:
+    return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}]
 
 
 class Clock:
@@ -71,14 +92,20 @@ class Clock:
         return time.thread_time() - self.cpu, time.perf_counter() - self.wall
 
 
+def _ids(out) -> list[int]:
+    """Token ids from ``apply_chat_template(tokenize=True)`` (a list, or a mapping in newer transformers)."""
+    return list(out["input_ids"] if hasattr(out, "keys") else out)
+
+
 def model_factory(args):
     """``(tokenizer, make_model)`` for ``--model``: the 1M-parameter Llama, or SmolLM2-135M-Instruct."""
     if args.model == "smollm2":
         sys.path.insert(0, str(Path(__file__).resolve().parent))
         from smollm2_local import load_smollm2
 
-        tok = load_smollm2()[1]
-        return tok, lambda: load_smollm2()[0]
+        model, tok = load_smollm2()
+        loaded = [model]  # the first arm takes the model loaded with the tokenizer (each load ~25 CPU s)
+        return tok, lambda: loaded.pop() if loaded else load_smollm2()[0]
     from evollm.models.tokenizer import build_tokenizer
 
     tok = build_tokenizer()
@@ -93,7 +120,8 @@ def evollm_arms(tok, make_model, args):
     from evollm.rollout import generate_population
 
     kw = dict(pad_token_id=tok.pad_token_id, pad_token=tok.pad_token, eos_token_id=tok.eos_token_id,
-              group_size=4, batch_size=16, max_output_tokens=args.new_tokens, lr=1e-4, beta=0.001, clip_coef=0.2,
+              group_size=args.group_size, batch_size=args.group_size * args.prompts_per_step,
+              max_output_tokens=args.new_tokens, lr=1e-4, beta=0.001, clip_coef=0.2,
               loss_type="grpo", max_grad_norm=1.0, temperature=1.0,
               lora_config=LoraConfig(task_type="CAUSAL_LM", **LORA))
     single = GRPO.population(1, make_model(), **kw)[0]
@@ -109,8 +137,9 @@ def evollm_arms(tok, make_model, args):
         completions, masks = rollout.per_prompt()
         rewards = score(completions, rollout.prompt_len)
         gen = clock.stop()
-        single.learn((completions, masks, rewards))
+        metrics = single.learn((completions, masks, rewards))
         timings.append((clock.stop(), gen))
+        return metrics.get("shared_prompt")
 
     def step_population(prompts, timings):
         clock = Clock()
@@ -122,7 +151,7 @@ def evollm_arms(tok, make_model, args):
         gen = clock.stop()
         metrics = GRPO.learn_population(pop, exps)
         timings.append((clock.stop(), gen))
-        return metrics[0].get("learn_path")
+        return metrics[0].get("learn_path"), metrics[0].get("shared_prompt")
 
     return step_single, step_population
 
@@ -135,6 +164,10 @@ def main(argv=None) -> dict:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--model", default="tiny", choices=["tiny", "smollm2"])
     parser.add_argument("--new-tokens", type=int, default=4)
+    parser.add_argument("--prompt", default="arith", choices=["arith", "chat"],
+                        help="arith: short arithmetic prompts; chat: system prompt + question via the chat template")
+    parser.add_argument("--group-size", type=int, default=4)
+    parser.add_argument("--prompts-per-step", type=int, default=4)
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "vs_trl.json"))
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -147,7 +180,15 @@ def main(argv=None) -> dict:
 
     tok, make_model = model_factory(args)
     step_single, step_population = evollm_arms(tok, make_model, args)
-    prompt_ids = {p: {"input_ids": tok(p, add_special_tokens=False)["input_ids"]} for p in PROMPTS}
+    if args.prompt == "chat":
+        texts = QUESTIONS
+        prompt_ids = {q: {"input_ids": _ids(tok.apply_chat_template(chat(q), add_generation_prompt=True, tokenize=True))}
+                      for q in texts}
+    else:
+        texts = PROMPTS
+        prompt_ids = {p: {"input_ids": tok(p, add_special_tokens=False)["input_ids"]} for p in PROMPTS}
+    prompt_tokens = statistics.mean(len(v["input_ids"]) for v in prompt_ids.values())
+    shared: list = []
     rows = {"trl": [], "evollm": [], "population": []} if args.members else {"trl": [], "evollm": []}
     gen_trl: list[tuple[float, float]] = []
     paths: set = set()
@@ -169,25 +210,30 @@ def main(argv=None) -> dict:
                 order = [step_single]
             for fn in order:
                 if fn is step_single:
-                    fn(batch, rows["evollm"])
+                    shared.append(fn(batch, rows["evollm"]))
                 else:
-                    paths.add(fn(batch, rows["population"]))
+                    path, used = fn(batch, rows["population"])
+                    paths.add(path)
+                    shared.append(used)
 
-    cfg = GRPOConfig(output_dir=tempfile.mkdtemp(), per_device_train_batch_size=16, num_generations=4,
+    rows_per_step = args.group_size * args.prompts_per_step
+    cfg = GRPOConfig(output_dir=tempfile.mkdtemp(), per_device_train_batch_size=rows_per_step,
+                     num_generations=args.group_size,
                      max_completion_length=args.new_tokens, learning_rate=1e-4, beta=0.001, epsilon=0.2, loss_type="grpo",
                      scale_rewards="group", max_grad_norm=1.0, temperature=1.0, num_iterations=1,
                      max_steps=args.steps + args.warmup, logging_steps=10**6, save_strategy="no",
                      report_to="none", use_cpu=True, disable_tqdm=True, seed=0, dataloader_num_workers=0,
                      gradient_accumulation_steps=1, lr_scheduler_type="constant", warmup_steps=0,
                      weight_decay=0.0, bf16=False, fp16=False, gradient_checkpointing=False)
-    ds = Dataset.from_dict({"prompt": PROMPTS})
+    ds = Dataset.from_dict({"prompt": [chat(q) for q in texts] if args.prompt == "chat" else texts})
     trainer = GRPOTrainer(model=make_model(), reward_funcs=trl_reward, args=cfg, train_dataset=ds,
                           processing_class=tok, peft_config=LoraConfig(task_type="CAUSAL_LM", **LORA),
                           callbacks=[Interleave()])
     original = trainer._generate_and_score_completions
 
     def timed_generate(inputs):
-        trainer._last_prompts = [x["prompt"] for x in inputs][::4]
+        trainer._last_prompts = [x["prompt"] if isinstance(x["prompt"], str) else x["prompt"][-1]["content"]
+                                 for x in inputs][::args.group_size]
         clock = Clock()
         out = original(inputs)
         gen_trl.append(clock.stop())
@@ -210,6 +256,8 @@ def main(argv=None) -> dict:
                                                 if p.requires_grad is False)},
         "load_average": list(__import__("os").getloadavg()),
         "population_learn_path": sorted(p for p in paths if p),
+        "prompt_tokens_mean": prompt_tokens,
+        "evollm_shared_prompt": sorted({x for x in shared if x is not None}),
         "torch_threads_seen": sorted(threads),
         "step": {k: summary(k) for k in rows},
         "generation": {k: summary(k, 1) for k in rows},
@@ -235,7 +283,8 @@ def main(argv=None) -> dict:
         print(f"| {label} | {result['step'][key]['cpu_s']:.4f} | {result['step'][key]['wall_s']:.4f} | "
               f"**{result[f'{key}_vs_trl_cpu']['median']:.2f}** | {result[f'{key}_vs_trl_wall']['median']:.2f} | "
               f"{result[f'{key}_vs_trl_generation_cpu']:.2f} | {result[f'{key}_vs_trl_rest_cpu']:.2f} |")
-    print(f"load average {result['load_average']}, population learn path {result['population_learn_path']}")
+    print(f"load average {result['load_average']}, population learn path {result['population_learn_path']}, "
+          f"prompt tokens {prompt_tokens:.0f}, shared_prompt {result['evollm_shared_prompt']}")
     return result
 
 

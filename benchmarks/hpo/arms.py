@@ -70,6 +70,7 @@ class Recorder:
         self.checkpoints: list[dict] = []
         self.evaluations: list[dict] = []
         self.snapshots: dict[str, list] = {}
+        self.steps_before = 0  # steps of the earlier trials of a tuner arm
 
     def keep(self, key: str, agent) -> str:
         self.snapshots[key] = snapshot(agent)
@@ -94,7 +95,7 @@ class Recorder:
 
         class _Budget(Callback):
             def on_step_end(self, state, metrics):
-                rec.step_end(state.step, lambda: recommend(state))
+                rec.step_end(rec.steps_before + state.step, lambda: recommend(state))
 
             def on_evaluation(self, state, fitness):
                 rec.evaluations.append({"cpu_s": rec.clock.cpu(), "step": state.step, "trial": trial,
@@ -276,6 +277,7 @@ def run_trials(task, cfg, rec: Recorder, sampler: str, trial_steps: int, startup
                        callbacks=[rec.callback(lambda state: best["key"], trial=k)])
         except OutOfBudget:
             stopped = True
+        rec.steps_before += trial_steps if not stopped else 0
         done = rec.evaluations[n_eval:]
         value = done[-1]["fitness"][0] if done and not stopped else None
         entry = {"trial": k, "hyperparameters": params, "value": value, "finished": value is not None}
@@ -289,7 +291,7 @@ def run_trials(task, cfg, rec: Recorder, sampler: str, trial_steps: int, startup
             break
         k += 1
         try:  # a trial's final evaluation may cross a checkpoint, or the budget
-            rec.step_end(-1, lambda: best["key"])
+            rec.step_end(rec.steps_before, lambda: best["key"])
         except OutOfBudget:
             break
     return {"trials": trials, "trial_steps": trial_steps, "best_trial": best.get("trial"),

@@ -1,12 +1,13 @@
 """Hyperparameter search at equal compute, for any task a run config describes.
 
     python -m benchmarks.hpo.run --config benchmarks/hpo/configs/tiny_arithmetic.yaml \
-        --seeds 8 --budget-cpu-s 60 --trial-steps 100 --jobs 2 --out benchmarks/results/hpo_tiny
+        --seeds 8 --budget-cpu-s 20 --trial-steps 40 --jobs 4 --out benchmarks/results/hpo_tiny
 
 The config is an ordinary ``evollm train`` config: its model, task and env sections (and the task's
 fixed algorithm settings such as group_size) define the task; the benchmark adds each arm's own settings
-(see :mod:`benchmarks.hpo.arms`). Every (arm, seed) runs in its own process with one torch thread; the
-parts are kept in ``--parts-dir`` and reused, so an interrupted benchmark continues. Writes ``OUT.json``
+(see :mod:`benchmarks.hpo.arms`). ``--jobs`` worker processes (one torch thread each) share the
+(arm, seed) runs; each worker loads the task once. Every run's JSON is kept in ``--parts-dir`` and
+reused, so an interrupted benchmark continues where it stopped. Writes ``OUT.json``
 (every run, every checkpoint, every trial), ``OUT.png`` and ``OUT.md`` (tables), and prints the tables.
 """
 
@@ -62,9 +63,11 @@ def run_one(task, cfg, arm: str, seed: int, path: Path, setup: dict, args) -> No
     cfg = with_overrides(cfg, seed_overrides)
     task.new_run()
     torch.manual_seed(seed)
-    base = _base_member(task, cfg)
-    initial = dict(zip(("score", "se"), mean_se(task.report(base))))
-    base.release()
+    if "initial" not in setup:  # the base model's report score: the same for every run of this process
+        base = _base_member(task, cfg)
+        setup["initial"] = dict(zip(("score", "se"), mean_se(task.report(base))))
+        base.release()
+    initial = setup["initial"]
     clock = Clock(args.budget_cpu_s, args.checkpoints)
     out, rec = run_arm(arm, task, cfg, clock, args)
     cpu_s, wall_s = clock.cpu(), clock.wall()
@@ -78,6 +81,7 @@ def run_one(task, cfg, arm: str, seed: int, path: Path, setup: dict, args) -> No
             "validation_size": task.validation_size, "steps": rec.checkpoints[-1]["step"] if rec.checkpoints else 0,
             **out}
     part["recommended_hyperparameters"] = _recommended(part, last_eval)
+    part["git"] = _git_head()
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(part, indent=1, default=float))
     tmp.replace(path)
@@ -107,13 +111,17 @@ def _recommended(part: dict, last_eval: dict | None) -> dict:
 def arms_of(args, cfg) -> list[str]:
     from .arms import grid_values
     arms = list(args.arms)
-    if args.grid_points and "grid" not in args.skip:
-        arms += [f"grid:lr={v:g}" for v in grid_values(cfg, args.grid_points)]
+    if "grid" not in args.skip:
+        values = args.grid_lr or (grid_values(cfg, args.grid_points) if args.grid_points else [])
+        arms += [f"grid:lr={v:g}" for v in values]
     return [a for a in arms if a not in args.skip]
 
 
 def run_jobs(args, jobs: list[tuple[str, int]], path_of: dict, parts: Path) -> None:
-    """``args.jobs`` worker processes, each running its share of the unfinished jobs in turn."""
+    """``args.jobs`` worker processes, each running its share of the unfinished jobs in turn (a SIGTERM to
+    the driver stops them too)."""
+    import signal
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1",
                PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     todo = [j for j in jobs if not path_of[j].exists()]
@@ -151,7 +159,9 @@ def driver(args) -> int:
     key = hashlib.sha1(json.dumps([Path(args.config).read_text(), args.passthrough]).encode()).hexdigest()[:10]
     parts = Path(args.parts_dir or f"/tmp/evollm_hpo/{Path(args.config).stem}_{key}")
     parts.mkdir(parents=True, exist_ok=True)
-    jobs = [(arm, seed) for seed in seeds for arm in arms]
+    # seed by seed, the grid (context) last: a benchmark cut short has whole seeds of the main arms
+    jobs = [(arm, seed) for seed in seeds for arm in arms if not arm.startswith("grid:")] + \
+        [(arm, seed) for seed in seeds for arm in arms if arm.startswith("grid:")]
     path_of = {j: parts / f"{j[0].replace(':', '_').replace('=', '')}_seed{j[1]}.json" for j in jobs}
     if args.in_process and not args.summarise_only:
         args.job = [f"{a}@{s}={path_of[(a, s)]}" for a, s in jobs]
@@ -204,7 +214,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--checkpoints", type=int, default=8, help="report evaluations at k/N of the budget")
     p.add_argument("--trial-steps", type=int, default=50, help="steps of one tuner trial (tpe, random)")
     p.add_argument("--tpe-startup", type=int, default=3, help="TPE's random start-up trials")
-    p.add_argument("--grid-points", type=int, default=3, help="learning rates of the post-hoc grid (0: none)")
+    p.add_argument("--grid-points", type=int, default=3, help="learning rates of the post-hoc grid, spread over the "
+                   "space's range (0: none); the default run is a point of the grid too")
+    p.add_argument("--grid-lr", type=float, nargs="*", default=[], help="the grid's learning rates instead")
     p.add_argument("--report-size", type=int, default=None,
                    help="held-out report items (single-turn: cut from task.n_test, default half; games: seeds)")
     p.add_argument("--arms", nargs="+", default=list(BASE_ARMS), choices=BASE_ARMS)

@@ -46,7 +46,10 @@ def arm_runs(runs: list[dict], checkpoints: int) -> dict[str, dict[int, list]]:
     for r in runs:
         target = grid.setdefault(r["arm"], {}) if r["arm"].startswith("grid:") else out.setdefault(r["arm"], {})
         target[r["seed"]] = curve(r, checkpoints)
-    if grid:
+        if r["arm"] == "default":  # a fixed setting too: the library's learning rate
+            lr = next((v for k, v in sorted((r.get("hyperparameters") or {}).items()) if k.startswith("lr")), None)
+            grid.setdefault(f"grid:lr={lr:g} (default)" if lr else "grid:default", {})[r["seed"]] = curve(r, checkpoints)
+    if len(grid) > 1:
         best = max(grid, key=lambda a: mean_se([c[-1] for c in grid[a].values()])[0])
         out["grid_best"] = grid[best]
         out["_grid_choice"] = best  # type: ignore[assignment]

@@ -148,7 +148,10 @@ class _Router:
                 self.stacks = {id(m): _stack_layer(m, self.names) for m in self.layers}
 
     def delta(self, layer, x: torch.Tensor) -> torch.Tensor:
-        stack = self.stacks.get(id(layer)) if not self.differentiable else _stack_layer(layer, self.names)
+        stack = self.stacks.get(id(layer))
+        if stack is None:  # differentiable: stacked on first use in this context, so each forward pass of it (a
+            # shared prompt's and its completions') reads one stack and the backward reaches every member's tensors
+            stack = self.stacks[id(layer)] = _stack_layer(layer, self.names)
         rows, n = x.shape[0], len(self.names)
         if rows % (n if self.uniform else self.total):  # equal blocks: any n equal blocks of rows
             raise RuntimeError(f"routed batch has {rows} rows; the routing plan covers multiples of "
@@ -182,7 +185,9 @@ def routed(shared: SharedBase, names: Sequence[str], counts: Sequence[int], diff
     pass of ``shared.model`` use adapter ``names[i]``.
 
     ``differentiable=False`` (generation, evaluation) stacks the matrices once on entry;
-    ``True`` restacks on every forward so gradients reach each member's own adapter.
+    ``True`` stacks them (with gradients to each member's own adapter) on first use within the context:
+    one context serves the forward passes of ONE backward (an optimizer step inside it would leave the
+    stacks stale).
     """
     if batch_path(shared, names) != ROUTED:
         raise ValueError(f"adapters {[n for n in names if check_lora_config(shared.config(n)) != ROUTED]} cannot "

@@ -23,14 +23,15 @@ import copy
 import dataclasses
 import hashlib
 import json
+import math
 from pathlib import Path
 
 import torch
 from peft import LoraConfig
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from evollm.adapters.resize import FRESH_ATTR, track_fresh_directions
-from evollm.utils.atomic import CheckpointError, atomic_folder, jsonable, verify
+from evollm.utils.atomic import CheckpointError, atomic_folder, jsonable, save_tensors, verify
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 
@@ -47,12 +48,82 @@ def save_adapter(shared, adapter_name: str, directory: Path) -> None:
     config.inference_mode = True
     config.save_pretrained(str(directory))
     state = {k: v.contiguous() for k, v in shared.state_dict(adapter_name).items()}
-    save_file(state, str(directory / ADAPTER_WEIGHTS), metadata={"format": "pt"})
+    save_tensors(state, directory / ADAPTER_WEIGHTS, metadata={"format": "pt"})
 
 
 def read_adapter(directory: Path) -> tuple[LoraConfig, dict[str, torch.Tensor]]:
     config = LoraConfig.from_pretrained(str(directory))
     return config, load_file(str(directory / ADAPTER_WEIGHTS))
+
+
+MAX_HEADER = 100 << 20  # bytes: safetensors' own limit for a header
+DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "U16": 2,
+               "U32": 4, "U64": 8, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
+
+
+class _Shape:
+    """A tensor's shape as its safetensors header states it (checked before anything is allocated)."""
+
+    def __init__(self, shape):
+        self.shape = torch.Size(shape)
+
+
+def safetensors_shapes(path: Path) -> dict[str, _Shape]:
+    """Every tensor's shape from the header of the safetensors file ``path``, after checking the header
+    against the file: its stated size, its JSON, each tensor's dtype, shape and byte range. A header that
+    claims more than the file holds (a corrupted or hostile file) is a :class:`CheckpointError`."""
+    path = Path(path)
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            raise CheckpointError(f"{path} is not a safetensors file ({size} bytes, shorter than its header length)")
+        n = int.from_bytes(head, "little")
+        if n > min(MAX_HEADER, size - 8):
+            raise CheckpointError(f"{path}: the safetensors header claims {n} bytes, but the file has {size}")
+        try:
+            header = json.loads(f.read(n))
+        except ValueError as e:
+            raise CheckpointError(f"{path}: the safetensors header is not valid JSON ({e})") from None
+    if not isinstance(header, dict):
+        raise CheckpointError(f"{path}: the safetensors header is not a mapping")
+    data = size - 8 - n
+    out = {}
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            dtype, shape, (begin, end) = entry["dtype"], list(entry["shape"]), entry["data_offsets"]
+            ok = all(isinstance(d, int) and d >= 0 for d in [*shape, begin, end]) and dtype in DTYPE_BYTES
+        except (KeyError, TypeError, ValueError):
+            ok = False
+        if not ok or end > data or end - begin != math.prod(shape) * DTYPE_BYTES[dtype]:
+            raise CheckpointError(f"{path}: tensor {name!r} ({str(entry)[:80]}) does not fit the file's {data} "
+                                  "data bytes")
+        out[name] = _Shape(shape)
+    return out
+
+
+def check_recorded_rank(member_dir: Path, rank, roles=("actor",)) -> int:
+    """The LoRA rank a member's ``agent.json`` records, checked against its adapters' configs and the
+    shapes in their safetensors headers before anything of that rank is allocated."""
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
+        raise CheckpointError(f"checkpoint {member_dir}: lora_rank {rank!r} is not an integer >= 1")
+    for role in roles:
+        directory = member_dir / role_dir(role)
+        try:
+            config = json.loads((directory / "adapter_config.json").read_text())
+        except (OSError, ValueError) as e:
+            raise CheckpointError(f"checkpoint {directory}: adapter_config.json is unreadable ({e})") from None
+        if config.get("rank_pattern"):
+            continue
+        shapes = safetensors_shapes(directory / ADAPTER_WEIGHTS)
+        ranks = {v.shape[0] for k, v in shapes.items() if "lora_A" in k and len(v.shape) == 2}
+        if config.get("r") != rank or ranks != {rank}:
+            raise CheckpointError(f"checkpoint {member_dir}: lora_rank {rank} in agent.json disagrees with its "
+                                  f"{role} adapter (adapter_config r={config.get('r')!r}, tensors of rank "
+                                  f"{sorted(ranks)})")
+    return rank
 
 
 def optimizer_to_safetensors(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict]:
@@ -116,11 +187,11 @@ def write_agent(agent, path: Path) -> Path:
     for role in agent.ROLES:
         save_adapter(agent.shared, agent.adapter_name(role), path / role_dir(role))
     extra = {f"{key}.{i}": p.detach().contiguous().clone()
-             for key, params in agent._extra_parameters().items() for i, p in enumerate(params)}
+             for key, params in agent.extra_parameters().items() for i, p in enumerate(params)}
     if extra:
-        save_file(extra, str(path / "modules.safetensors"))
+        save_tensors(extra, str(path / "modules.safetensors"))
     tensors, meta = optimizer_to_safetensors(agent.optimizer)
-    save_file(tensors, str(path / "optimizer.safetensors"))
+    save_tensors(tensors, str(path / "optimizer.safetensors"))
     (path / "optimizer.json").write_text(json.dumps(meta, indent=1))
     info = {
         "algorithm": type(agent).__name__,
@@ -131,8 +202,9 @@ def write_agent(agent, path: Path) -> Path:
         "scores": [jsonable(s) for s in agent.scores],
         "steps": agent.steps,
         "lora_rank": agent.lora_rank,
-        "quarantined": bool(getattr(agent, "quarantined", False)),
-        "quarantine_reason": getattr(agent, "quarantine_reason", None),
+        "quarantined": bool(agent.quarantined),
+        "quarantine_reason": agent.quarantine_reason,
+        "base_fingerprint": shared_fingerprint(agent.shared),
     }
     (path / "agent.json").write_text(json.dumps(info, indent=1))
     return path
@@ -149,6 +221,8 @@ def load_agent(agent, path: str | Path, merge_lora_configs: bool = False, verify
     info = json.loads((path / "agent.json").read_text())
     if info["algorithm"] != type(agent).__name__:
         raise CheckpointError(f"checkpoint at {path} holds a {info['algorithm']} agent, not a {type(agent).__name__}")
+    if info.get("base_fingerprint"):
+        check_fingerprint(info["base_fingerprint"], agent.shared.model, path, shared_fingerprint(agent.shared))
     fields = {f.name for f in dataclasses.fields(agent.config)}
     cfg = {k: (tuple(v) if isinstance(v, list) else v) for k, v in info["config"].items() if k in fields}
     new_config = dataclasses.replace(agent.config, **cfg)
@@ -157,6 +231,14 @@ def load_agent(agent, path: str | Path, merge_lora_configs: bool = False, verify
             new_config.validate()
     except (TypeError, ValueError) as e:
         raise CheckpointError(f"checkpoint {path / 'agent.json'}: invalid hyperparameters: {e}") from None
+    for role in agent.ROLES:  # from the headers: nothing is allocated for tensors that do not fit
+        check_adapter_tensors(agent, role, LoraConfig.from_pretrained(str(path / role_dir(role))),
+                              safetensors_shapes(path / role_dir(role) / ADAPTER_WEIGHTS), path / role_dir(role))
+    for name in ("optimizer.safetensors", "modules.safetensors"):
+        if (path / name).exists():
+            safetensors_shapes(path / name)
+    meta = json.loads((path / "optimizer.json").read_text())
+    check_optimizer_lrs(agent, new_config, meta, path)
     adapters = {}
     for role in agent.ROLES:
         config, state = read_adapter(path / role_dir(role))
@@ -169,7 +251,7 @@ def load_agent(agent, path: str | Path, merge_lora_configs: bool = False, verify
     if (path / "modules.safetensors").exists():
         extra = load_file(str(path / "modules.safetensors"))
         with torch.no_grad():
-            for key, params in agent._extra_parameters().items():
+            for key, params in agent.extra_parameters().items():
                 for i, p in enumerate(params):
                     p.copy_(extra[f"{key}.{i}"])
     agent.config = new_config
@@ -182,7 +264,7 @@ def load_agent(agent, path: str | Path, merge_lora_configs: bool = False, verify
     agent.scores = [s if s is not None else float("nan") for s in info["scores"]]
     agent.steps = int(info["steps"])
     agent.reinit_optimizers()
-    tensors, meta = load_file(str(path / "optimizer.safetensors")), json.loads((path / "optimizer.json").read_text())
+    tensors = load_file(str(path / "optimizer.safetensors"))
     opt_state = optimizer_from_safetensors(tensors, meta)
     if _optimizer_shapes_match(agent.optimizer, opt_state):
         agent.optimizer.load_state_dict(opt_state)
@@ -190,6 +272,32 @@ def load_agent(agent, path: str | Path, merge_lora_configs: bool = False, verify
     else:  # the adapter was resized while loading: moments no longer fit, start them afresh
         for group, saved in zip(agent.optimizer.param_groups, opt_state["param_groups"]):
             group["lr"] = saved["lr"]
+
+
+def check_optimizer_lrs(agent, config, meta: dict, where: Path) -> None:
+    """The learning rates saved with the optimizer must be those the member's hyperparameters give its
+    param groups: a disagreement (a tampered or foreign optimizer.json) would train at another rate than
+    the run reports."""
+    from evollm.parallel import zero
+
+    if zero.is_zero(agent.optimizer):
+        return  # a DeepSpeed engine keeps its own groups
+    try:
+        old, agent.config = agent.config, config
+        try:
+            expected = [(g.get("name"), float(g["lr"])) for g in agent._param_groups()]
+        finally:
+            agent.config = old
+        saved = [(g.get("name"), g.get("lr")) for g in meta["param_groups"]]
+    except (AttributeError, KeyError, TypeError):
+        return  # a member without per-role param groups: nothing to compare
+    if len(saved) != len(expected):
+        raise CheckpointError(f"checkpoint {where}: optimizer.json has {len(saved)} param groups, the member has "
+                              f"{len(expected)}")
+    for (name, want), (_, got) in zip(expected, saved):
+        if isinstance(got, bool) or not isinstance(got, (int, float)) or not math.isclose(got, want, rel_tol=1e-6):
+            raise CheckpointError(f"checkpoint {where}: optimizer.json gives param group {name!r} lr {got!r}, but "
+                                  f"the member's hyperparameters give {want!r} (changed after the save?)")
 
 
 def check_adapter_tensors(agent, role: str, config: LoraConfig, state: dict, where: Path) -> None:
@@ -247,10 +355,22 @@ def base_fingerprint(model) -> dict:
         "weights_sha256": digest.hexdigest(), "tensors": [n for n, _ in picks]}
 
 
-def check_fingerprint(saved: dict | None, model, where: Path) -> None:
+def shared_fingerprint(shared) -> dict:
+    """:func:`base_fingerprint` of a shared base, computed once (the base is frozen)."""
+    cached = getattr(shared, "_evollm_fingerprint", None)
+    if cached is None:
+        cached = base_fingerprint(shared.model)
+        try:
+            shared._evollm_fingerprint = cached
+        except AttributeError:
+            pass
+    return cached
+
+
+def check_fingerprint(saved: dict | None, model, where: Path, live: dict | None = None) -> None:
     if not saved:
         return
-    live = base_fingerprint(model)
+    live = live or base_fingerprint(model)
     for key, what in (("architecture", "architecture"), ("config_sha256", "model config"),
                       ("weights_sha256", "base weights")):
         if saved.get(key) != live[key]:

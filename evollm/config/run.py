@@ -15,7 +15,8 @@ Sections (all optional except ``algorithm``)::
     train:     {max_steps: 60, evaluation_interval: 10, evo_steps: 20, checkpoint_every: 10}
     logging:   {tensorboard: true, wandb: false, mlflow: false, plots: true}
 
-Every field below is documented in place; ``evollm.config.describe_config()`` prints them all.
+Every field below is documented in place; ``evollm.config.describe_config()`` prints them all (and every
+algorithm's hyperparameters).
 To add a setting, add one ``name: type = option(default, "help", ...)`` line to its section.
 """
 
@@ -30,7 +31,7 @@ from typing import Any
 
 from evollm.config.hpo import HPOSection, check_ranges
 from evollm.config.schema import (
-    ConfigError, Section, apply_override, check_no_effect, coerce, did_you_mean, document, option,
+    ConfigError, Section, apply_override, check_no_effect, coerce, did_you_mean, option,
     read_yaml, resolve_paths, unknown_key_error,
 )
 
@@ -128,6 +129,9 @@ class TaskSection(Section):
                          "config's folder or the working directory) to a function (completion, answer, "
                          "question) -> float, or a TRL-style (completions, **kwargs) -> list[float].",
                          when={"name": SINGLE_TURN_TASKS})
+    reward_timeout: float | None = option(None, "Seconds one reward call may take; a call still running then "
+                                          "stops the run with one line naming the sample (the last checkpoint "
+                                          "kept); null: no limit.", when={"name": SINGLE_TURN_TASKS})
     n_train: int | None = option(None, "Training questions: generated (arithmetic, default 2000) or the first "
                                  "rows kept (dataset, default all).", when={"name": SINGLE_TURN_TASKS})
     n_test: int | None = option(None, "Held-out evaluation questions, fixed for the whole run (arithmetic: "
@@ -194,6 +198,8 @@ class TaskSection(Section):
         for name in ("n_train", "n_test"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ConfigError(f"task.{name} must be >= 1, got {getattr(self, name)}")
+        if self.reward_timeout is not None and not self.reward_timeout > 0:
+            raise ConfigError(f"task.reward_timeout must be > 0 seconds or null, got {self.reward_timeout}")
         from evollm.tasks.user import BUILTIN_REWARDS, check_reward_name
         try:
             check_reward_name(self.reward)
@@ -365,6 +371,19 @@ class TrainSection(Section):
     def checkpoint_interval(self) -> int:
         return self.evaluation_interval if self.checkpoint_every is None else self.checkpoint_every
 
+    def loop_settings(self, output_dir: str | Path, seed: int, resume: bool = False, run_config: dict | None = None,
+                      verbose: bool = True):
+        """The :class:`~evollm.training.settings.LoopSettings` of this section (paths resolved against
+        ``output_dir``: checkpoints in ``output_dir/checkpoints``, elites in ``output_dir/elites`` by default)."""
+        from evollm.training.settings import LoopSettings
+
+        out = Path(output_dir)
+        return LoopSettings(max_steps=self.max_steps, evaluation_interval=self.evaluation_interval,
+                            evo_steps=self.evo_steps, max_time=self.max_time, save_elite=self.save_elite,
+                            elite_path=self.elite_path or str(out / "elites"), checkpoint_dir=str(out / "checkpoints"),
+                            checkpoint_every=self.checkpoint_interval(), keep_checkpoints=self.keep_checkpoints,
+                            resume=resume, run_config=run_config, seed=int(seed), verbose=verbose)
+
 
 @dataclass
 class LoggingSection(Section):
@@ -429,11 +448,7 @@ class RunConfig(Section):
                 alg = AlgorithmSection.from_dict(data["algorithm"], "algorithm")
             except ConfigError:
                 return data  # reported when the section loads
-            evolvable = _evolvable(alg)
-            for name in hp:
-                if name not in evolvable:
-                    raise ConfigError(f"hpo.hp_config.{name}: {alg.name} cannot evolve it; "
-                                      f"{did_you_mean(name, evolvable)}evolvable: {sorted(evolvable)}")
+            _check_evolvable(hp, alg)
         return data
 
     @classmethod
@@ -464,11 +479,7 @@ class RunConfig(Section):
                 and self.algorithm.init_sampler is None:
             raise ConfigError("hpo.hp_config has no effect without train.evo_steps or algorithm.init_sampler; "
                               "set one or remove it")
-        evolvable = _evolvable(self.algorithm)
-        for name in self.hpo.hp_config:
-            if name not in evolvable:
-                raise ConfigError(f"hpo.hp_config.{name}: {self.algorithm.name} cannot evolve it; "
-                                  f"{did_you_mean(name, evolvable)}evolvable: {sorted(evolvable)}")
+        _check_evolvable(self.hpo.hp_config, self.algorithm)
         train = self.train
         if train.evo_steps is not None and self.hpo.selection.fitness != "train" and (
                 train.evo_steps < train.evaluation_interval or train.evo_steps % train.evaluation_interval):
@@ -484,7 +495,7 @@ class RunConfig(Section):
     def hp_config(self):
         """The search space (:meth:`HPOSection.search_space`); ``None`` when nothing evolves."""
         alg = self.algorithm
-        return self.hpo.search_space(alg.population_size, lambda: _evolvable(alg), alg.hyperparameters)
+        return self.hpo.search_space(alg.population_size, lambda: algorithm_class(alg.name).evolvable_names(alg.agent_config()), alg.hyperparameters)
 
     def resolve_paths(self) -> None:
         """Paths the run writes, relative to ``output_dir`` unless absolute (in place)."""
@@ -494,12 +505,9 @@ class RunConfig(Section):
         return Path(self.output_dir) / "checkpoints"
 
 
-def _evolvable(alg: "AlgorithmSection") -> list[str]:
-    cls = algorithm_class(alg.name)
-    return (list(cls.evolvable_names(alg.agent_config())) if hasattr(cls, "evolvable_names")
-            else [*cls.MUTABLE, "lora_rank"])
-
-
-def describe_config() -> str:
-    """Every setting of a run config with its default and help text, one line each."""
-    return document(RunConfig)
+def _check_evolvable(names, alg: "AlgorithmSection") -> None:
+    evolvable = list(algorithm_class(alg.name).evolvable_names(alg.agent_config()))
+    for name in names:
+        if name not in evolvable:
+            raise ConfigError(f"hpo.hp_config.{name}: {alg.name} cannot evolve it; "
+                              f"{did_you_mean(name, evolvable)}evolvable: {sorted(evolvable)}")

@@ -18,6 +18,7 @@ for), exactly like the masks of :func:`evollm.rollout.action_mask_for`.
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, Protocol, Sequence
 
 import torch
@@ -46,23 +47,41 @@ class TokenObservationWrapper:
         apply_chat_template: render the conversation with the tokenizer's chat template (user =
             environment, assistant = model); otherwise plain text, one message per line.
         system_prompt: optional system message at the start of the conversation.
+        strict_chat_template_boundary: AgileRL's keyword, accepted (True is evollm's only mode: the
+            turn boundaries always come from the chat template itself).
+        enable_sliding_window: AgileRL's keyword; only False. A window would train on a conversation
+            other than the one the model was prompted with (the sampled policy must be the trained one).
+
+    As in AgileRL: ``pad_id=None`` takes the tokenizer's pad id; an environment whose ``reset`` takes
+    no ``seed`` is reset without one; ``info`` ``prefix``/``suffix`` strings frame an observation
+    (``prefix + observation + "\\n" + suffix``); the prompt's ``text`` is the latest observation; a
+    finished episode's next observation is ``{}``.
     """
 
-    def __init__(self, env: TextEnv, tokenizer, max_turns: int, pad_id: int, max_model_len: int | None = None,
-                 max_output_tokens: int = 32, apply_chat_template: bool = True, system_prompt: str | None = None):
-        if max_turns < 1 or max_output_tokens < 1:
+    def __init__(self, env: TextEnv, tokenizer, max_turns: int, pad_id: int | None = None,
+                 max_model_len: int | None = None, max_output_tokens: int = 32, apply_chat_template: bool = True,
+                 system_prompt: str | None = None, strict_chat_template_boundary: bool = True,
+                 enable_sliding_window: bool = False):
+        if max_turns < 1 or max_output_tokens is None or max_output_tokens < 1:
             raise ValueError(f"need max_turns >= 1 and max_output_tokens >= 1, got {max_turns}, {max_output_tokens}")
+        if enable_sliding_window:
+            raise ValueError("enable_sliding_window=True is not supported: evollm trains on the whole conversation "
+                             "the model was prompted with; give max_model_len room for max_turns instead")
         if apply_chat_template and not getattr(tokenizer, "chat_template", None):
             raise ValueError("apply_chat_template=True but the tokenizer has no chat_template")
+        if pad_id is None:
+            pad_id = getattr(tokenizer, "pad_token_id", None)
         self.env = env
         self.tokenizer = tokenizer
         self.max_turns = int(max_turns)
-        self.pad_id = int(pad_id)
+        self.pad_id = int(pad_id) if pad_id is not None else -1  # -1: no padding id (nothing is padding)
         self.max_model_len = max_model_len
         self.max_output_tokens = int(max_output_tokens)
         self.apply_chat_template = apply_chat_template
         self.system_prompt = system_prompt
-        self.eos_id = tokenizer.eos_token_id
+        self.strict_chat_template_boundary = bool(strict_chat_template_boundary)
+        self.eos_id = getattr(tokenizer, "eos_token_id", None)
+        self._reset_takes_seed = _takes_seed(getattr(env, "reset", None))
         self.done = True
         self._reset_state()
 
@@ -75,6 +94,7 @@ class TokenObservationWrapper:
         self.rewards: list[float] = []
         self.infos: list[dict] = []
         self.turn = 0
+        self.observation_text = ""
 
     # ------------------------------------------------------------------ rendering
     def _render(self, messages: Sequence[dict], add_generation_prompt: bool) -> str:
@@ -85,7 +105,10 @@ class TokenObservationWrapper:
         return text + "\n" if add_generation_prompt else text
 
     def _encode(self, text: str) -> list[int]:
-        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        if hasattr(self.tokenizer, "encode"):
+            return [int(i) for i in self.tokenizer.encode(text, add_special_tokens=False)]
+        return [int(i) for i in torch.as_tensor(self.tokenizer([text], add_special_tokens=False)["input_ids"])
+                .reshape(-1).tolist()]
 
     def _append(self, ids: Sequence[int], action: bool) -> None:
         self.ids.extend(int(i) for i in ids)
@@ -98,7 +121,7 @@ class TokenObservationWrapper:
     def prompt(self) -> dict:
         """The current prompt: ``{"input_ids": [1, L], "attention_mask": [1, L], "text"}``."""
         ids = torch.tensor([self.ids], dtype=torch.long)
-        return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "text": self.tokenizer.decode(self.ids)}
+        return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "text": self.observation_text}
 
     # ------------------------------------------------------------------ gym-style API
     def reset(self, seed: int | None = None) -> tuple[dict, dict]:
@@ -108,16 +131,17 @@ class TokenObservationWrapper:
         ``info["context_overflow"]`` is True and the episode is already over (``step`` then only
         reports the truncation)."""
         self._reset_state()
-        observation, info = self.env.reset(seed=seed)
+        observation, info = self.env.reset(seed=seed) if self._reset_takes_seed else self.env.reset()
+        observation = self.observation_text = format_observation(observation, info)
         if self.system_prompt is not None:
             self.messages.append({"role": "system", "content": self.system_prompt})
         self.messages.append({"role": "user", "content": str(observation)})
         self._rendered = self._render(self.messages, add_generation_prompt=True)  # conversation so far, as text
         self._append(self._encode(self._rendered), action=False)
-        info = dict(info)
+        info = dict(info or {})
         self.done = not self._fits_next_turn()
         if self.done:
-            info.update(context_overflow=True, truncated=True)
+            info.update(context_overflow=True, truncated=True, agilerl_context_overflow=self._overflow())
         self.last_info = info
         return self.prompt(), info
 
@@ -146,13 +170,14 @@ class TokenObservationWrapper:
         (``info["context_overflow"]``)."""
         if self.done:
             info = {**self.last_info, "truncated": True}
-            return self.prompt(), 0.0, False, True, info
+            return {}, 0.0, False, True, info
         new = self.new_turn_tokens(completion_ids)
         ended_with_eos = bool(new) and new[-1] == self.eos_id
         text = self.tokenizer.decode(new[:-1] if ended_with_eos else new, skip_special_tokens=True)
         self._append(new, action=True)
         observation, reward, terminated, truncated, info = self.env.step(text)
-        info = dict(info)
+        info = dict(info or {})
+        observation = format_observation(observation, info)
         info["action_text"] = text
         self.rewards.append(float(reward))
         self.turn += 1
@@ -161,15 +186,22 @@ class TokenObservationWrapper:
             info["max_turns_reached"] = True
         if not (terminated or truncated):
             self._append(self._environment_tokens(text, str(observation), ended_with_eos), action=False)
+            self.observation_text = str(observation)
             if not self._fits_next_turn():
                 truncated = True
                 info["context_overflow"] = True
+                info["agilerl_context_overflow"] = self._overflow()
         self.messages += [{"role": "assistant", "content": text}, {"role": "user", "content": str(observation)}]
         self.done = bool(terminated or truncated)
         info["truncated"] = bool(truncated)
         self.infos.append(info)
         self.last_info = info
-        return self.prompt(), float(reward), bool(terminated), bool(truncated), info
+        return ({} if self.done else self.prompt()), float(reward), bool(terminated), bool(truncated), info
+
+    def _overflow(self) -> dict:
+        """AgileRL's ``info["agilerl_context_overflow"]`` record of a context overflow."""
+        return {"full_prompt_len": len(self.ids), "max_prompt_tokens": self.max_model_len - self.max_output_tokens,
+                "max_model_len": self.max_model_len, "max_output_tokens": self.max_output_tokens}
 
     def _environment_tokens(self, text: str, observation: str, ended_with_eos: bool) -> list[int]:
         """Tokens between the model's turn and the next generation: whatever closes the assistant
@@ -180,7 +212,7 @@ class TokenObservationWrapper:
         following = self._render(self.messages + [{"role": "assistant", "content": text},
                                                   {"role": "user", "content": observation}],
                                  add_generation_prompt=True)
-        eos_text = self.tokenizer.eos_token or ""
+        eos_text = getattr(self.tokenizer, "eos_token", None) or ""
         if closed.startswith(before + text):
             close = closed[len(before) + len(text):]
         else:  # the template rewrites assistant messages: close with eos only
@@ -214,6 +246,22 @@ class TokenObservationWrapper:
 
     def __repr__(self) -> str:
         return f"TokenObservationWrapper({type(self.env).__name__}, max_turns={self.max_turns})"
+
+
+def format_observation(observation, info) -> str:
+    """An observation framed by ``info["prefix"]``/``info["suffix"]`` where given (AgileRL's convention)."""
+    prefix, suffix = (info or {}).get("prefix"), (info or {}).get("suffix")
+    if prefix is None and suffix is None:
+        return str(observation)
+    return f"{prefix or ''}{observation}\n{suffix or ''}"
+
+
+def _takes_seed(reset) -> bool:
+    try:
+        params = inspect.signature(reset).parameters.values()
+    except (TypeError, ValueError):
+        return True
+    return any(p.name == "seed" or p.kind is p.VAR_KEYWORD for p in params)
 
 
 def make_token_env(env: TextEnv, tokenizer, max_turns: int, max_model_len: int | None = None,

@@ -8,6 +8,7 @@ identical work.
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from typing import Callable, Sequence
 
@@ -15,7 +16,11 @@ import numpy as np
 import torch
 
 from .reward_call import (RewardFunctionError, call_batched, call_per_sample, check_signature,
-                          extra_columns_wanted, is_batched)
+                          extra_columns_wanted, is_batched, with_timeout)
+
+class DatasetColumnsError(ValueError, AssertionError):
+    """A dataset row lacks the columns a prompt or a reward needs (an ``AssertionError`` too, as in AgileRL)."""
+
 
 __all__ = ["ReasoningGym", "RewardFunctionError", "conversation_template", "prompt_messages", "render_prompt"]
 
@@ -75,9 +80,10 @@ def prompt_messages(row: dict, template: Sequence[dict] | None) -> tuple[list[di
     if "question" not in row:
         raise ValueError(f"needs a 'question' column (or TRL's 'prompt', or conversational 'messages'); "
                          f"its columns: {sorted(row)}")
+    messages = fill_template(template or [{"role": "user", "content": "{question}"}], row)  # the row's own columns
     row.setdefault("prompt", row["question"])
     row["conversational"] = False
-    return fill_template(template or [{"role": "user", "content": "{question}"}], row), row
+    return messages, row
 
 
 def render_prompt(tokenizer, template: Sequence[dict], fields: dict, chat_template_kwargs: dict | None = None) -> str:
@@ -138,21 +144,38 @@ class ReasoningGym:
             ``"raise"``.
         chat_template_kwargs: extra ``apply_chat_template`` options (e.g. ``{"enable_thinking": False}``).
         seed: shuffling seed of the training stream.
+        reward_timeout: seconds one reward call may take (``None``: no limit); a call still running then
+            fails like a reward that raised (:func:`evollm.envs.reward_call.with_timeout`).
+        accelerator, return_raw_completions: AgileRL's keywords, accepted. Multi-process runs shard
+            each batch themselves (``accelerator`` has no effect) and every prompt carries its text.
+
+    AgileRL's attributes are kept: ``name``, ``num_epochs``, ``data_batch_size_per_gpu``,
+    ``reset_called``, ``evaluation_mode`` and :meth:`eval_mode`, ``questions``/``answers``/
+    ``last_tokenized_prompts`` of the current batch.
     """
 
     def __init__(self, train_dataset, test_dataset, tokenizer, reward_fn: Callable[..., float],
                  conversation_template: Sequence[dict] | None = None, data_batch_size_per_gpu: int = 8,
                  max_context_length: int | None = None, seed: int = 42, eval_batch_size: int = 64,
-                 long_prompts: str = "filter", chat_template_kwargs: dict | None = None):
+                 long_prompts: str = "filter", chat_template_kwargs: dict | None = None, accelerator=None,
+                 return_raw_completions: bool = False, reward_timeout: float | None = None):
         if data_batch_size_per_gpu < 1:
             raise ValueError(f"data_batch_size_per_gpu must be >= 1, got {data_batch_size_per_gpu}")
         if long_prompts not in ("filter", "raise"):
             raise ValueError(f"long_prompts={long_prompts!r} is not valid; choose 'filter' or 'raise'")
         self.tokenizer = tokenizer
+        self.name = getattr(getattr(train_dataset, "info", None), "dataset_name", None) or type(self).__name__
+        self.accelerator = accelerator
+        self.return_raw_completions = bool(return_raw_completions)
+        self.data_batch_size_per_gpu = int(data_batch_size_per_gpu)
+        self.reset_called = False
+        self.evaluation_mode = False
+        self._eval_cursor = 0
+        self._eval_current: list[dict] | None = None
         if not callable(reward_fn):
             raise ValueError(f"reward_fn must be a function, got {type(reward_fn).__name__}")
         check_signature(reward_fn)
-        self.reward_fn = reward_fn
+        self.reward_fn = with_timeout(reward_fn, reward_timeout)
         self.batched_reward = is_batched(reward_fn)
         self._reward_extra = extra_columns_wanted(reward_fn)
         self.template = None if conversation_template is None else list(conversation_template)
@@ -165,8 +188,9 @@ class ReasoningGym:
         self.train = self._encode(train_dataset, "train")
         self.test_set = self._encode(test_dataset, "test")
         if len(self.train) < self.batch_size:
-            raise ValueError(f"train_dataset has {len(self.train)} usable rows, fewer than "
-                             f"data_batch_size_per_gpu={self.batch_size}")
+            warnings.warn(f"train_dataset has {len(self.train)} usable rows, fewer than data_batch_size_per_gpu="
+                          f"{self.batch_size}: every batch is the whole dataset", stacklevel=2)
+            self.batch_size = len(self.train)
         self._rng = np.random.default_rng(seed)
         self._order = self._rng.permutation(len(self.train))
         self._cursor = 0
@@ -180,9 +204,10 @@ class ReasoningGym:
             try:
                 messages, fields = prompt_messages(row, self.template)
             except ValueError as e:
-                raise ValueError(f"{split} row {i}: {e}") from None
+                raise DatasetColumnsError(f"{split} row {i}: {e} (AgileRL-style datasets have 'question' and "
+                                          "'answer' features)") from None
             if "answer" not in fields and not self.batched_reward:
-                raise ValueError(f"{split} row {i} has no 'answer' column (columns: {sorted(dict(row))}); a reward "
+                raise DatasetColumnsError(f"{split} row {i} has no 'answer' column (columns: {sorted(dict(row))}); a reward "
                                  "(completion, answer, question) needs one (task.columns.answer names it), a "
                                  "TRL-style reward (completions, **kwargs) does not")
             text = render_messages(self.tokenizer, messages, self.chat_template_kwargs)
@@ -204,8 +229,9 @@ class ReasoningGym:
                          "columns": columns if self.batched_reward else {}})
         if too_long:
             warnings.warn(f"{split}: dropped {len(too_long)} of {len(too_long) + len(rows)} prompts longer than "
-                          f"env.max_context_length={self.max_context_length} tokens (longest {max(too_long)})",
-                          stacklevel=3)
+                          f"env.max_context_length={self.max_context_length} tokens (longest {max(too_long)}): "
+                          f"{len(too_long)} samples were filtered out of the {split} dataset due to the max "
+                          "context length constraint.", stacklevel=3)
         if not rows:
             if too_long:
                 raise ValueError(f"{split} dataset is empty after dropping over-long prompts: all {len(too_long)} "
@@ -229,14 +255,33 @@ class ReasoningGym:
         self._cursor += self.batch_size
         return [self.train[int(i)] for i in idx]
 
+    def _next_test_batch(self) -> list[dict]:
+        if self._eval_cursor >= len(self.test_set):
+            self._eval_cursor = 0
+        batch = self.test_set[self._eval_cursor:self._eval_cursor + self.data_batch_size_per_gpu]
+        self._eval_cursor += len(batch)
+        return batch
+
     # ------------------------------------------------------------------ gym-style API
     def reset(self, reset_dataloaders: bool = False) -> list[dict]:
-        """The current batch of prompts (a new one on the first call)."""
+        """The current batch of prompts (a new one on the first call; a test batch in :meth:`eval_mode`).
+        Calling it twice without a ``step`` in between warns, as AgileRL's does."""
         if reset_dataloaders:
             self._rng = np.random.default_rng(self.seed)
             self._order = self._rng.permutation(len(self.train))
             self._cursor, self.epoch = 0, 0
-            self._current = None
+            self._current, self._eval_current, self._eval_cursor = None, None, 0
+        if self.reset_called:
+            warnings.warn("env.reset() called more than once sequentially, it should typically follow with "
+                          "env.step() (evollm returns the same batch again)", stacklevel=2)
+        self.reset_called = True
+        return self._batch()
+
+    def _batch(self) -> list[dict]:
+        if self.evaluation_mode:
+            if self._eval_current is None:
+                self._eval_current = self._next_test_batch()
+            return self._eval_current
         if self._current is None:
             self._current = self._next_batch()
         return self._current
@@ -245,7 +290,7 @@ class ReasoningGym:
         """Rewards ``[batch, group]`` for completions of ``prompts`` (default: the current batch),
         without advancing. ``completions``: per prompt, a ``[G, L]`` id tensor as returned by an
         agent's ``get_action`` (left-padded prompt + completion) or a list of strings."""
-        prompts = self.reset() if prompts is None else prompts
+        prompts = self._batch() if prompts is None else prompts
         texts = self.decode(completions, prompts)
         return torch.tensor(self.rewards(texts, prompts), dtype=torch.float32)
 
@@ -267,12 +312,47 @@ class ReasoningGym:
     def step(self, completions) -> tuple[list[dict], torch.Tensor]:
         """Score the current batch, then move on. Returns ``(next_prompts, rewards [batch, group])``."""
         rewards = self.score(completions)
+        if self.evaluation_mode:
+            self.reset_called = False
+            self._eval_current = self._next_test_batch()
+            return self._eval_current, rewards
         return self.step_to_next_batch(), rewards
 
     def step_to_next_batch(self) -> list[dict]:
         """Move to the next training batch (used when several members answered the current one)."""
+        self.reset_called = False
         self._current = self._next_batch()
         return self._current
+
+    # ------------------------------------------------------------------ AgileRL's names
+    @contextlib.contextmanager
+    def eval_mode(self):
+        """Within the block, ``reset``/``step`` walk the test set in batches of
+        ``data_batch_size_per_gpu`` (from its start; epochs are not counted) and ``len()`` is the test
+        set's; the training batch and its position are restored afterwards."""
+        saved = (self.evaluation_mode, self.reset_called, self._eval_current, self._eval_cursor)
+        self.evaluation_mode, self.reset_called, self._eval_current, self._eval_cursor = True, False, None, 0
+        try:
+            yield self
+        finally:
+            self.evaluation_mode, self.reset_called, self._eval_current, self._eval_cursor = saved
+
+    @property
+    def num_epochs(self) -> int:
+        """Completed passes over the training set (AgileRL's name of ``epoch``)."""
+        return self.epoch
+
+    @property
+    def last_tokenized_prompts(self) -> list[dict] | None:
+        return self._eval_current if self.evaluation_mode else self._current
+
+    @property
+    def questions(self) -> list:
+        return [p["question"] for p in self.last_tokenized_prompts or []]
+
+    @property
+    def answers(self) -> list:
+        return [p["answer"] for p in self.last_tokenized_prompts or []]
 
     def test_prompts(self) -> list[dict]:
         """The fixed evaluation prompts (identical on every call)."""
@@ -311,10 +391,14 @@ class ReasoningGym:
             if group.dim() == 1:
                 group = group.unsqueeze(0)
             n = p["input_ids"].shape[1]
-            if not torch.equal(group[0, width - n:width].cpu(), p["input_ids"][0]):
-                raise ValueError("completion ids do not start with their prompt (left-padded to the batch's "
-                                 "longest prompt); pass the ids returned by get_action for this batch")
-            out.append([self._decode_completion(row[width:]) for row in group])
+            if group.shape[1] >= width and torch.equal(group[0, width - n:width].cpu(), p["input_ids"][0]):
+                start = width  # left-padded to the batch's longest prompt (get_action)
+            elif group.shape[1] >= n and torch.equal(group[0, :n].cpu(), p["input_ids"][0]):
+                start = n  # this prompt alone, then the completion (AgileRL's layout)
+            else:
+                raise ValueError("completion ids do not start with their prompt (alone, or left-padded to the "
+                                 "batch's longest prompt); pass the ids returned by get_action for this batch")
+            out.append([self._decode_completion(row[start:]) for row in group])
         return out
 
     def _decode_completion(self, ids: torch.Tensor) -> str:
@@ -325,7 +409,7 @@ class ReasoningGym:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     def __len__(self) -> int:
-        return len(self.train)
+        return len(self.test_set if self.evaluation_mode else self.train)
 
 
 def _extra_fields(row, wanted: tuple[str, ...] | None) -> dict:

@@ -27,3 +27,44 @@ def check_agilerl_mutation_options(options: dict) -> None:
             raise ValueError(f"Mutations({name}={value!r}): network {name} mutations do not apply to LLM "
                              f"adapters on a shared frozen base; set {name}=0 (evolve the adapter rank "
                              "with lora_rank= instead)")
+
+
+#: AgileRL's positional order of ``Mutations(...)``
+AGILERL_POSITIONAL = ("no_mutation", "architecture", "new_layer_prob", "parameters", "activation", "rl_hp",
+                      "mutation_sd", "activation_selection", "mutate_elite", "rand_seed", "device", "accelerator")
+
+
+class AgileRLCheckError(ValueError, AssertionError):
+    """A value AgileRL's constructors reject with an ``AssertionError`` (a ``ValueError`` too)."""
+
+
+def agilerl_positional(args: tuple) -> dict:
+    """AgileRL's positional ``Mutations(no_mutation, architecture, new_layer_prob, parameters, activation,
+    rl_hp, mutation_sd, ...)`` as keywords (AgileRL needs at least six positionals, evollm's own call takes
+    at most six with a string ``perturb`` sixth, so the two cannot be confused)."""
+    if len(args) > len(AGILERL_POSITIONAL):
+        raise TypeError(f"Mutations takes at most {len(AGILERL_POSITIONAL)} positional arguments "
+                        f"(AgileRL's order), got {len(args)}")
+    return dict(zip(AGILERL_POSITIONAL, args))
+
+
+def check_agilerl_values(options: dict) -> None:
+    """AgileRL's own checks, with its messages: probabilities >= 0, ``new_layer_prob`` in [0, 1]."""
+    for name in ("no_mutation", "architecture", "parameters", "activation", "rl_hp", "mutation_sd"):
+        value = options.get(name)
+        if value is not None and not value >= 0:
+            raise AgileRLCheckError(f"Mutations.{name} must be a finite probability >= 0 (greater than or equal to "
+                                    f"zero), got {value!r}")
+    new_layer = options.get("new_layer_prob")
+    if new_layer is not None and not 0 <= new_layer <= 1:
+        raise AgileRLCheckError(f"Probability of new layer must be between zero and one (inclusive), got {new_layer}")
+
+
+def check_agilerl_selection(tournament_size, elitism, population_size) -> None:
+    """AgileRL's TournamentSelection checks, with its messages."""
+    if not tournament_size > 0:
+        raise AgileRLCheckError(f"tournament_size must be >= 1 (Tournament size must be greater than zero), got {tournament_size}")
+    if not isinstance(elitism, (bool, int)) or isinstance(elitism, str):
+        raise AgileRLCheckError(f"elitism must be a boolean (True or False), got {elitism!r}")
+    if population_size is not None and not population_size > 0:
+        raise AgileRLCheckError(f"population_size must be >= 1 (Population size must be greater than zero), got {population_size}")

@@ -13,7 +13,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from evollm.hpo.compat import check_agilerl_mutation_options
+from evollm.hpo.compat import agilerl_positional, check_agilerl_mutation_options, check_agilerl_values
 from evollm.hpo.model_explore import MODEL_SAMPLERS, propose
 from evollm.hpo.parameters import LORA_RANK
 from evollm.hpo.protocol import MutationRecord
@@ -61,12 +61,19 @@ class Mutations:
     nothing is left the agent is not mutated.
     """
 
-    def __init__(self, no_mutation: float = 0.4, rl_hp: float = 0.6,
+    def __init__(self, no_mutation: float = 0.4, rl_hp: float = 0.6, *agilerl_args: Any,
                  lora_rank: float = 0.0, explore_prob: float = 0.0,
                  rand_seed: Optional[int] = None, perturb: str = "one",
                  resample_prob: Optional[float] = None, mutate_elite: bool = False,
                  model_prob: float = 0.0, model_sampler: str = "gp", model_history: int = 64,
                  **agilerl_options: Any) -> None:
+        if agilerl_args:  # AgileRL's positional order: (no_mutation, architecture, new_layer_prob, ...)
+            given = agilerl_positional((no_mutation, rl_hp) + agilerl_args)
+            no_mutation, rl_hp = given.pop("no_mutation"), given.pop("rl_hp", 0.0)
+            rand_seed = given.pop("rand_seed", rand_seed)
+            mutate_elite = given.pop("mutate_elite", mutate_elite)
+            agilerl_options = {**given, **agilerl_options}
+        check_agilerl_values({"no_mutation": no_mutation, "rl_hp": rl_hp, **agilerl_options})
         check_agilerl_mutation_options(agilerl_options)
         if resample_prob is not None:
             explore_prob = resample_prob

@@ -16,6 +16,8 @@ from typing import Any, Literal, Optional, Sequence
 
 import numpy as np
 
+from evollm.hpo.compat import check_agilerl_selection
+
 FitnessMode = Literal["last", "mean", "train"]
 FITNESS_MODES: tuple[str, ...] = ("last", "mean", "train")
 #: steps averaged by ``fitness="train"`` when no ``window`` is given
@@ -206,6 +208,7 @@ class TournamentSelection(_Selection):
                  population_size: Optional[int] = None, eval_loop: int = 1,
                  fitness: FitnessMode = "last", window: Optional[int] = None,
                  rand_seed: Optional[int] = None, next_index: Optional[int] = None) -> None:
+        check_agilerl_selection(tournament_size, elitism, population_size)
         super().__init__(population_size, fitness, window, eval_loop, rand_seed, next_index)
         if tournament_size < 1:
             raise ValueError(f"tournament_size must be >= 1, got {tournament_size}")

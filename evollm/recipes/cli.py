@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import signal
 import sys
 import time
 from pathlib import Path
@@ -13,6 +14,7 @@ from pathlib import Path
 from evollm.parallel import distributed as dist
 from evollm.config import ALGORITHMS, algorithm_class  # noqa: F401  (re-exported)
 from evollm.config.schema import ConfigError
+from evollm.run.lock import RunLock
 from evollm.utils.atomic import write_json
 
 
@@ -26,23 +28,14 @@ def build_population(cfg, model, tokenizer, hp_config):
     lora = lora_config(model, **alg.lora.kwargs())
     hps = dict(alg.hyperparameters)
     hps.setdefault("seed", cfg.seed)
-    from evollm.hpo.founders import founder_hyperparameters
     # founders drawn from the hp_config (QMC unless algorithm.init_sampler says otherwise); a value
     # set in algorithm.hyperparameters is kept for every founder
-    init = founder_hyperparameters(size, hp_config, None, alg.init_sampler, fixed=alg.hyperparameters,
-                                   seed=cfg.seed)
-    members = []
-    for i in range(size):
-        agent = cls(model, pad_token_id=tokenizer.pad_token_id, pad_token=tokenizer.pad_token,
-                    eos_token_id=tokenizer.eos_token_id, tokenizer=tokenizer, hp_config=hp_config, lora_config=lora,
-                    **hps)
-        for name, value in (init[i] if init else {}).items():
-            agent.set_hyperparameter(name, value)
-        members.append(agent)
-    return members
+    return cls.population(size, model, hp_config=hp_config, init_sampler=alg.init_sampler, fixed=alg.hyperparameters,
+                          pad_token_id=tokenizer.pad_token_id, pad_token=tokenizer.pad_token,
+                          eos_token_id=tokenizer.eos_token_id, tokenizer=tokenizer, lora_config=lora, **hps)
 
 
-RUN_CONFIG = "run_config.json"
+from evollm.recipes.rundir import RUN_CONFIG, prepare_output_dir  # noqa: E402,F401  (re-exported)
 _RUN_DIR: Path | None = None  # the run `evollm train` started (for the resume hint after a second Ctrl-C)
 
 
@@ -56,23 +49,6 @@ def run_callbacks(cfg, out: Path) -> list:
             *logging_callbacks(out, log.tensorboard, log.wandb, log.mlflow, run_config=cfg.to_dict())]
 
 
-def prepare_output_dir(out: Path, overwrite: bool) -> None:
-    """A fresh run needs an empty (or new) output_dir; ``overwrite`` clears a previous evollm run there."""
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"output_dir {str(out)!r} is a file, not a directory")
-    if not out.exists() or not any(out.iterdir()):
-        return
-    is_run = (out / RUN_CONFIG).exists() or (out / "config.json").exists() or (out / "checkpoints").is_dir()
-    if not overwrite:
-        what = "a previous run" if is_run else "files"
-        raise ConfigError(f"output_dir {str(out)!r} already holds {what}; pass --overwrite to replace it, "
-                          f"`evollm resume {out}` to continue it, or choose another output_dir")
-    if not is_run:
-        raise ConfigError(f"output_dir {str(out)!r} is not empty and is not an evollm run directory; "
-                          "--overwrite only replaces evollm runs, choose another output_dir")
-    shutil.rmtree(out)
-
-
 def train(config_path: str, overrides: list[str] | None = None, quiet: bool = False,
           overwrite: bool = False) -> dict:
     """``evollm train``: a new run in ``output_dir`` (see :func:`run`)."""
@@ -80,61 +56,97 @@ def train(config_path: str, overrides: list[str] | None = None, quiet: bool = Fa
 
     dist.init()  # under `accelerate launch`: one process per device, the population on each
     cfg = RunConfig.from_yaml(config_path, overrides)  # every setting is checked before any model is built
-    if cfg.env.type == "reasoning":  # a reward module or file, found from the config's folder or here, remembered
+    if cfg.env.type == "reasoning":  # a reward and data files, found from the config's folder or here, remembered
         from evollm.tasks.reward_spec import locate_reward
-        cfg.task.reward = locate_reward(cfg.task.reward, [Path(config_path).resolve().parent, Path.cwd()])
+        folders = [Path(config_path).resolve().parent, Path.cwd()]
+        cfg.task.reward = locate_reward(cfg.task.reward, folders)
+        for name in ("dataset", "test_dataset"):
+            value = getattr(cfg.task, name)
+            if isinstance(value, str) and value and not Path(value).expanduser().is_absolute():
+                found = next((f / value for f in folders if (f / value).exists()), None)
+                if found is not None:
+                    setattr(cfg.task, name, str(found.resolve()))
     out = Path(cfg.output_dir)
     main = dist.is_main_process()
     global _RUN_DIR
     _RUN_DIR = out
-    if main:  # only the main process writes the run directory
-        prepare_output_dir(out, overwrite)
-        out.mkdir(parents=True, exist_ok=True)
-        write_json(out / RUN_CONFIG, cfg.to_dict(explicit=True))
-    try:
+    if not main:
         return run(cfg, resume=False, quiet=quiet)
-    except Exception:
-        if main:
-            forget_failed_start(out)
-        raise
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"output_dir {str(out)!r} is a file, not a directory")
+    forgotten = False
+    try:
+        with RunLock(out):  # only the main process writes the run directory, one writer at a time
+            prepare_output_dir(out, overwrite)
+            write_json(out / RUN_CONFIG, cfg.to_dict(explicit=True))
+            try:
+                return run(cfg, resume=False, quiet=quiet)
+            except Exception:
+                forgotten = forget_failed_start(out)
+                raise
+    finally:
+        if forgotten:  # emptied but for the lock, now released
+            try:
+                out.rmdir()
+            except OSError:
+                pass
 
 
 def forget_failed_start(out: Path) -> bool:
     """A run that failed before its first step (a bad reward, dataset or template found while starting)
     leaves no "previous run" behind, so the corrected command runs without --overwrite. Returns whether
     the run directory was removed (it holds no checkpoint and no step's metrics)."""
+    from evollm.recipes.rundir import clear
+
     if not out.is_dir() or (out / "metrics.csv").exists() or any((out / "checkpoints").glob("step_*")):
         return False
-    shutil.rmtree(out, ignore_errors=True)
+    clear(out)  # all but the lock, which its holder releases
     return True
 
 
-def resume(run_dir: str, overrides: list[str] | None = None, quiet: bool = False) -> dict:
-    """``evollm resume RUN_DIR``: continue a run from its newest valid checkpoint. Only the budget,
-    the evaluation/checkpoint intervals and logging may change (:data:`evollm.config.schema.RESUME_SETTABLE`)."""
-    from evollm.config import RunConfig, apply_override
-    from evollm.config.schema import check_resume_override
-
+def resume(run_dir: str, overrides: list[str] | None = None, quiet: bool = False,
+           allow_changes: list[str] | None = None) -> dict:
+    """``evollm resume RUN_DIR``: continue a run from its newest valid checkpoint. The resumed config is
+    compared with the checkpoint's record field by field: only the budget, the evaluation/checkpoint
+    intervals and logging may change (:data:`evollm.config.schema.RESUME_SETTABLE`), other fields only when
+    named in ``allow_changes`` (``--allow-change FIELD``; recorded in ``config_changes.json``)."""
     out = Path(run_dir)
     if not out.is_dir():
         raise ConfigError(f"run directory {run_dir!r} does not exist" if not out.exists()
                           else f"run directory {run_dir!r} is a file")
     if not (out / RUN_CONFIG).is_file():
         raise ConfigError(f"{run_dir!r} is not an evollm run directory (no {RUN_CONFIG}); start it with evollm train")
+    if not dist.is_main_process():
+        return _resume(out, overrides, quiet, allow_changes or [], main=False)
+    with RunLock(out):  # a second writer is refused before anything in the directory changes
+        return _resume(out, overrides, quiet, allow_changes or [], main=True)
+
+
+def _resume(out: Path, overrides, quiet: bool, allowed: list[str], main: bool) -> dict:
+    from evollm.config import RunConfig, apply_override
+    from evollm.config.schema import check_resume_override
+    from evollm.recipes.rundir import check_resumed_config, member_overrides
+    from evollm.run.resume_check import covers
+
     try:
         data = json.loads((out / RUN_CONFIG).read_text())
     except ValueError as e:
         raise ConfigError(f"{out / RUN_CONFIG} is not valid JSON ({e})") from e
     for item in overrides or []:
-        check_resume_override(item)  # the budget, evaluation/checkpoint intervals and logging may change
+        if not covers(item.split("=", 1)[0].strip(), allowed):
+            check_resume_override(item)  # the budget, evaluation/checkpoint intervals and logging may change
         apply_override(data, item)
     data["output_dir"] = str(out)
     cfg = RunConfig.from_dict(data)
-    write_json(out / RUN_CONFIG, cfg.to_dict(explicit=True))
-    return run(cfg, resume=True, quiet=quiet)
+    changes = check_resumed_config(out, cfg, allowed, RunConfig, record=main)  # what the checkpoint recorded
+    if main:
+        write_json(out / RUN_CONFIG, cfg.to_dict(explicit=True))
+        for field, old, new in changes:
+            print(f"evollm: resuming with {field} changed from {old!r} to {new!r}")
+    return run(cfg, resume=True, quiet=quiet, member_values=member_overrides(changes))
 
 
-def run(cfg, resume: bool, quiet: bool = False) -> dict:
+def run(cfg, resume: bool, quiet: bool = False, member_values: dict | None = None) -> dict:
     """Build the model, task and population of ``cfg``, train (checkpointing into
     ``output_dir/checkpoints``), and write the report, lineage, plots and the best member."""
     import torch
@@ -163,37 +175,27 @@ def run(cfg, resume: bool, quiet: bool = False) -> dict:
         model.to(dist.device())
     hp_config, mutation, selection = build_hpo(cfg)
     members = build_population(cfg, model, tokenizer, hp_config)
-    evo_steps = cfg.train.evo_steps
-    train_cfg = {"max_steps": cfg.train.max_steps, "evaluation_interval": cfg.train.evaluation_interval,
-                 "save_elite": cfg.train.save_elite, "elite_path": cfg.train.elite_path or str(out / "elites"),
-                 "checkpoint_dir": str(out / "checkpoints"), "checkpoint_every": cfg.train.checkpoint_interval(),
-                 "keep_checkpoints": cfg.train.keep_checkpoints, "resume": resume, "run_config": run_config,
-                 "max_time": cfg.train.max_time, "max_time_clock": cfg.train.max_time_clock,
-                 "narrowing": build_narrowing(cfg)}
-    train_cfg["callbacks"] = run_callbacks(cfg, out) if main else []  # only the main process writes
+    settings = cfg.train.loop_settings(out, cfg.seed, resume=resume, run_config=run_config, verbose=not quiet)
+    settings = settings.replace(narrowing=build_narrowing(cfg), max_time_clock=cfg.train.max_time_clock)
+    callbacks = run_callbacks(cfg, out) if main else []  # only the main process writes
+    if member_values:  # allowed changes of algorithm.hyperparameters, set on the members once restored
+        from evollm.recipes.rundir import apply_on_resume
+        callbacks.insert(0, apply_on_resume(member_values, print if main else lambda msg: None))
     env_type = cfg.env.type
-    if cfg.rollout_backend != "hf":
-        if env_type != "reasoning":
-            raise ValueError(f"rollout_backend={cfg.rollout_backend!r} supports env.type 'reasoning' only")
-        train_cfg.update(rollout_backend=cfg.rollout_backend, vllm=cfg.vllm)
+    if cfg.rollout_backend != "hf" and env_type != "reasoning":
+        raise ValueError(f"rollout_backend={cfg.rollout_backend!r} supports env.type 'reasoning' only")
     say = print if main else (lambda *a, **k: None)
     say(f"evollm: {len(members)} x {type(members[0]).__name__} on one shared base "
         f"({sum(p.numel() for p in members[0].shared.base_parameters()):,} base parameters), env={env_type}")
+    from evollm.recipes import runners
     from evollm.run import RunInterrupted
 
+    runner = {"reasoning": "run_reasoning", "multiturn": "run_multiturn", "team": "run_team"}.get(env_type)
+    if runner is None:
+        raise ValueError(f"env.type={env_type!r} is not valid; choose one of ['reasoning', 'multiturn', 'team']")
+    extra = {"task": task} if env_type == "reasoning" else {}
     try:
-        if env_type == "reasoning":
-            from evollm.recipes.runners import run_reasoning
-            result = run_reasoning(cfg, members, tokenizer, train_cfg, evo_steps, selection, mutation, quiet,
-                                   task=task)
-        elif env_type == "multiturn":
-            from evollm.recipes.runners import run_multiturn
-            result = run_multiturn(cfg, members, tokenizer, train_cfg, evo_steps, selection, mutation, quiet)
-        elif env_type == "team":
-            from evollm.recipes.runners import run_team
-            result = run_team(cfg, members, tokenizer, train_cfg, evo_steps, selection, mutation, quiet)
-        else:
-            raise ValueError(f"env.type={env_type!r} is not valid; choose one of ['reasoning', 'multiturn', 'team']")
+        result = getattr(runners, runner)(cfg, members, tokenizer, settings, selection, mutation, callbacks, **extra)
     except RunInterrupted:
         if main:  # a stopped segment counts towards the run's wall time
             _record_segment(out, time.perf_counter() - t0, resume)
@@ -262,6 +264,9 @@ def main(argv: list[str] | None = None) -> int:
     p_train.add_argument("--overwrite", action="store_true", help="replace a previous run in output_dir")
     p_resume = sub.add_parser("resume", help="continue a run from its newest valid checkpoint")
     p_resume.add_argument("run_dir")
+    p_resume.add_argument("--allow-change", dest="allow_changes", action="append", default=[], metavar="FIELD",
+                          help="resume although FIELD (e.g. algorithm.hyperparameters.lr, or a whole section) "
+                               "differs from the checkpoint's config; recorded in config_changes.json")
     for p in (p_train, p_resume):
         p.add_argument("--set", dest="overrides", action="append", default=[],
                        help="override a config value, e.g. --set train.max_steps=10; KEY=null removes a section "
@@ -286,18 +291,24 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from transformers.utils import logging as hf_logging
 
+    from evollm.envs import RewardFunctionError
     from evollm.run import RunInterrupted
+    from evollm.training.quarantine import PopulationDiverged
 
+    global _RUN_DIR
+    _RUN_DIR = None
     hf_logging.disable_progress_bar()
     import datasets
 
     datasets.disable_progress_bars()  # "Generating train split" bars of a user's dataset file
+    if hasattr(signal, "SIGXFSZ"):  # a file-size limit is an OSError (one line), not a core dump
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     run_dir = getattr(args, "run_dir", None)
     try:
         if args.command == "train":
             train(args.config, args.overrides, args.quiet, args.overwrite)
         elif args.command == "resume":
-            resume(args.run_dir, args.overrides, args.quiet)
+            resume(args.run_dir, args.overrides, args.quiet, args.allow_changes)
         elif args.command == "report":
             from evollm.run.report import report_run
             report_run(args.run_dir, args.out, plots=args.plots)
@@ -307,10 +318,29 @@ def main(argv: list[str] | None = None) -> int:
             print(f"evollm: best member merged into its base in {path}/ (AutoModelForCausalLM.from_pretrained); "
                   f"the prompt it was trained on: {path / PROMPT_FILE}")
     except RunInterrupted as e:
-        target = run_dir or str(e.checkpoint.parent.parent)
-        print(f"evollm: stopped after step {e.step}; checkpoint saved in {e.checkpoint}\n"
-              f"resume with: evollm resume {target}", file=sys.stderr)
+        run_dir = run_dir or (str(_RUN_DIR) if _RUN_DIR is not None else None)
+        if e.checkpoint is None:
+            print(f"evollm: stopped by {signal.Signals(e.signum).name} before a checkpoint was saved; "
+                  f"{_restart_hint(run_dir)}", file=sys.stderr)
+        else:
+            what = "its unfinished step abandoned" if e.abandoned else "checkpoint saved"
+            print(f"evollm: stopped by {signal.Signals(e.signum).name} after step {e.step} ({what}); last checkpoint "
+                  f"{e.checkpoint}\nresume with: evollm resume {run_dir or e.checkpoint.parent.parent}",
+                  file=sys.stderr)
         return 130
+    except PopulationDiverged as e:
+        if args.debug:
+            raise
+        run_dir = run_dir or (str(_RUN_DIR) if _RUN_DIR is not None else None)
+        print(f"evollm: error: {one_line(e)}; {_diverged_hint(run_dir)}", file=sys.stderr)
+        return 3
+    except RewardFunctionError as e:
+        if args.debug:
+            raise
+        run_dir = run_dir or (str(_RUN_DIR) if _RUN_DIR is not None else None)
+        print(f"evollm: error: {one_line(e)}; {_restart_hint(run_dir, 'fix the reward, then ')} "
+              "(--debug shows the traceback)", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         if args.debug:
             raise
@@ -330,6 +360,30 @@ def main(argv: list[str] | None = None) -> int:
         print(f"evollm: error: {one_line(e)}", file=sys.stderr)
         return 2
     return 0
+
+
+def _restart_hint(run_dir: str | None, prefix: str = "") -> str:
+    """How to go on: resume from the newest valid checkpoint, or start again when there is none."""
+    from evollm.run.checkpoints import newest_valid
+
+    if run_dir is None:
+        return f"{prefix}run it again"
+    try:
+        folder = newest_valid(Path(run_dir) / "checkpoints", log=lambda msg: None, clean=False)
+    except ValueError:
+        return f"no checkpoint yet: {prefix}run the same `evollm train` again (no --overwrite needed)"
+    return f"last checkpoint {folder}; {prefix}resume with: evollm resume {run_dir}"
+
+
+def _diverged_hint(run_dir: str | None) -> str:
+    from evollm.run.checkpoints import newest_healthy
+
+    change = "lower the learning rates (algorithm.hyperparameters.lr, hpo.hp_config.lr)"
+    folder = newest_healthy(Path(run_dir) / "checkpoints") if run_dir else None
+    if folder is None:
+        return f"{change} and train again (no healthy checkpoint to resume from)"
+    return (f"newest healthy checkpoint {folder}; {change}, e.g. resume from it with: evollm resume {run_dir} "
+            "--set algorithm.hyperparameters.lr=1e-4 --allow-change algorithm.hyperparameters.lr")
 
 
 def one_line(error: BaseException) -> str:

@@ -19,6 +19,7 @@ from typing import Callable, Sequence
 import torch
 
 from ..adapters.routing import ROUTED, batch_path, routed
+from .common_prefix import greedy_shared_prefix
 from .sampling import SamplingConfig, generate, shares_rows, stop_string_ends
 from .vllm_engine import engine_of
 from .tokens import Rollout, action_mask_for, collate_prompts, sequence_attention_mask
@@ -83,6 +84,11 @@ def generate_for_members(members: Sequence, input_ids: torch.Tensor, attention_m
             sampling = own[0]
         else:
             kw["row_temperatures"] = torch.tensor([float(t) for t, n in zip(temperatures, counts) for _ in range(n)])
+    if not return_scores:  # greedy evaluation: the prompts' common prefix once per member
+        out = greedy_shared_prefix(shared, names, counts, input_ids, attention_mask, sampling, pad_token_id,
+                                   eos_token_id, tokenizer)
+        if out is not None:
+            return out
     if len(members) == 1:
         kw.pop("row_temperatures", None)
         with shared.use(names[0]) as model:
@@ -178,8 +184,8 @@ def mean_stderr(total: float, sum_sq: float, n: int) -> float:
 
 def evaluate_population(agents: Sequence, env, record: bool = True) -> Fitness:
     """Fitness of every member: mean reward over the env's fixed test prompts, greedy decoding,
-    all members batched (with each mean's standard error, see :class:`Fitness`). Appends to each
-    member's ``fitness`` when ``record``."""
+    all members batched (with each mean's standard error, see :class:`Fitness`). Recorded in each
+    member's fitness history when ``record``."""
     prompts = env.test_prompts()
     totals = torch.zeros(len(agents))
     sums = torch.zeros(len(agents), dtype=torch.float64)  # the standard errors' accumulators
@@ -198,9 +204,8 @@ def evaluate_population(agents: Sequence, env, record: bool = True) -> Fitness:
             squares[j] += (scores * scores).sum()
         count += len(batch)
     fitness = Fitness((totals / count).tolist(),
-                      [mean_stderr(float(t), float(q), count) for t, q in zip(sums, squares)],
-                      squares.tolist())
+                      [mean_stderr(float(t), float(q), count) for t, q in zip(sums, squares)], squares.tolist())
     if record:
         for agent, f in zip(agents, fitness):
-            agent.fitness.append(f)
+            agent.record_fitness(f)
     return fitness

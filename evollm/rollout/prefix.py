@@ -29,6 +29,8 @@ from typing import NamedTuple
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
+from ..adapters.shared import checkpointing
+
 #: Model types whose decoder was checked to give the same log-probs and gradients through a shared prefix
 #: (tests/rollout/test_shared_prompt.py): every layer plain causal attention over a positional cache.
 SHARED_PROMPT_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
@@ -117,8 +119,8 @@ def shared_prompt_support(model) -> str | None:
         return f"model type {kind!r} is not one of {list(SHARED_PROMPT_MODEL_TYPES)}"
     if getattr(cfg, "_attn_implementation", None) not in _ATTENTION:
         return f"attention kernel {cfg._attn_implementation!r}"
-    if getattr(cfg, "use_sliding_window", False) or any(t != "full_attention"
-                                                        for t in getattr(cfg, "layer_types", None) or ()):
+    sliding = getattr(cfg, "use_sliding_window", getattr(cfg, "sliding_window", None) is not None)
+    if sliding or any(t != "full_attention" for t in getattr(cfg, "layer_types", None) or ()):
         return "sliding-window attention"
     get_decoder = getattr(inner, "get_decoder", None)
     if get_decoder is None or _cache_keyword(type(get_decoder())) is None:
@@ -130,6 +132,8 @@ def reentrant_checkpointing(model) -> bool:
     """Whether a layer of ``model`` recomputes in backward through reentrant checkpointing, which computes
     gradients only for the layer's inputs: the shared prefix's keys and values would get none (such a gradient
     forward falls back to the plain one; evollm enables checkpointing non-reentrant)."""
+    if not checkpointing(_inner(model)):
+        return False
     for m in _inner(model).modules():
         if getattr(m, "gradient_checkpointing", False) is True and m.training:
             keywords = getattr(getattr(m, "_gradient_checkpointing_func", None), "keywords", None) or {}

@@ -46,7 +46,7 @@ def evaluate_data_parallel(agents: Sequence, env, evaluate_population, record: b
                       [mean_stderr(float(t), q, view.total) for t, q in zip(sums, squares)], squares)
     if record:
         for agent, f in zip(agents, fitness):
-            agent.fitness.append(f)
+            agent.record_fitness(f)
     return fitness
 
 

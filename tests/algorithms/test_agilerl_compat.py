@@ -48,8 +48,8 @@ def test_agilerl_max_steps_meaning_is_warned_or_followed(tiny, arithmetic_env):
         assert resolve_max_steps(100, None, None, 4, 2, 64, agilerl_style=True) == 100
     assert resolve_max_steps(100, None, "prompts", 4, 2, 64, agilerl_style=True) == 13
     assert resolve_max_steps(None, 2, None, 4, 2, 64, agilerl_style=True) == 32  # 2 epochs of 64 rows / 4
-    with pytest.raises(ValueError, match="max_steps or num_epochs, not both"):
-        resolve_max_steps(10, 1, None, 4, 2, 64, agilerl_style=False)
+    with pytest.warns(UserWarning, match="num_epochs=1 and max_steps=10 both given: num_epochs is used"):
+        assert resolve_max_steps(10, 1, None, 4, 2, 64, agilerl_style=False) == 16  # AgileRL: num_epochs wins
     with pytest.raises(ValueError, match="max_steps_unit='tokens'"):
         resolve_max_steps(10, None, "tokens", 4, 2, 64, agilerl_style=False)
 
@@ -59,8 +59,10 @@ def test_agilerl_only_keywords_are_checked(tiny, arithmetic_env):
 
     model, tok = tiny
     pop = make_grpo(model, tok)
-    with pytest.raises(ValueError, match="wb=True"):
-        finetune_llm_reasoning(pop, arithmetic_env, max_steps=1, wb=True)
+    with pytest.raises(ValueError, match="exactly one of 'env' or 'env_fn'"):
+        finetune_llm_reasoning(pop, arithmetic_env, max_steps=1, env_fn=lambda: arithmetic_env)
+    with pytest.raises(ValueError, match="Either 'env' or 'env_fn' must be provided"):
+        finetune_llm_reasoning(pop, max_steps=1)
     with pytest.raises(TypeError, match="unexpected keyword"):
         finetune_llm_reasoning(pop, arithmetic_env, max_steps=1, checkpoint_every_typo=3)
     with pytest.raises(ValueError, match="tournament= or selection_strategy="):

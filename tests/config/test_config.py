@@ -123,7 +123,7 @@ BAD_CONFIGS = [
     ({"algorithm": {"name": "GRPO", "population_size": 0}}, [], "algorithm.population_size must be >= 1"),
     ({"algorithm": {"name": "GRPO", "population_size": "four"}}, [], "algorithm.population_size must be an integer"),
     ({"algorithm": {"name": "GRPO", "hyperparameters": {"group_size": 1}}}, [],
-     "algorithm.hyperparameters.group_size must be >= 2 for the GRPO family"),
+     "algorithm.hyperparameters.group_size must be >= 2 for GRPO-style group-relative advantages"),
     ({"algorithm": {"name": "GSPO", "hyperparameters": {"group_size": 1}}}, [],
      "algorithm.hyperparameters.group_size must be >= 2"),
     ({}, ["algorithm.hyperparameters.lr=-1e-3"], "algorithm.hyperparameters.lr must be a finite number > 0"),

@@ -22,7 +22,8 @@ def test_reset_step_shapes_and_rewards(tiny, data):
                        data_batch_size_per_gpu=3)
     prompts = env.reset()
     assert len(prompts) == 3 and all(p["input_ids"].shape[0] == 1 for p in prompts)
-    assert env.reset() is prompts  # reset does not advance
+    with pytest.warns(UserWarning, match="called more than once sequentially"):
+        assert env.reset() is prompts  # reset does not advance (and warns, as AgileRL's does)
     agent = make_grpo(model, tok, n=1, group_size=5)[0]
     ids, masks = agent.get_action(prompts)
     assert len(ids) == 3 and ids[0].shape[0] == 5

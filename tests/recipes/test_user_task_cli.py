@@ -2,6 +2,7 @@
 resume, everything checkable checked before the model loads, and a failed start that leaves nothing."""
 
 import json
+import re
 import sys
 
 import pytest
@@ -19,7 +20,7 @@ def _task(tmp_path, reward_body="    return float(completion.strip() == str(answ
     config.write_text(f"""
 output_dir: {tmp_path / 'run'}
 model: {{source: tiny, warm_start: false}}
-task: {{dataset: {cfg_dir / 'data.jsonl'}, columns: {{question: problem, answer: solution}}, test_size: 4,
+task: {{dataset: data.jsonl, columns: {{question: problem, answer: solution}}, test_size: 4,
         reward: "{reward}", user_template: "{{question}}"}}
 env: {{data_batch_size_per_gpu: 2}}
 algorithm: {{name: GRPO, population_size: 2, hyperparameters: {{group_size: 2, batch_size: 4, max_output_tokens: 2}}}}
@@ -44,8 +45,13 @@ def test_reward_next_to_the_config_is_found_and_remembered_for_resume(tmp_path, 
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)  # neither the config's folder nor on sys.path
     assert main(["train", str(config), "--quiet"]) == 0, capsys.readouterr().err
-    saved = json.loads((tmp_path / "run" / "run_config.json").read_text())["task"]["reward"]
-    assert saved == f"{config.parent / 'mytask' / 'myreward.py'}:score"
+    assert re.search(r"warm start: held-out fitness \d\.\d{3} ± \d\.\d{3} \(standard error\), the mean reward of "
+                     r"greedy answers to 4 fixed test questions", capsys.readouterr().out)
+    warm = json.loads((tmp_path / "run" / "warm_start.json").read_text())
+    assert set(warm) == {"initial_fitness", "standard_error"} and warm["standard_error"] >= 0
+    saved = json.loads((tmp_path / "run" / "run_config.json").read_text())["task"]
+    assert saved["reward"] == f"{config.parent / 'mytask' / 'myreward.py'}:score"
+    assert saved["dataset"] == str(config.parent / "data.jsonl")  # next to the config, remembered
     sys.modules.pop("myreward", None)
     sys.modules.pop("mytask.myreward", None)
     monkeypatch.chdir("/")  # "a new shell" somewhere else
@@ -71,13 +77,19 @@ def test_a_bad_reward_fails_before_the_model_loads_and_leaves_no_run(tmp_path, m
     assert main(["train", str(config), "--quiet"]) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "returned None (not a finite number)" in err
-    assert not (tmp_path / "run").exists()  # the corrected command needs no --overwrite
+    assert _left_behind(tmp_path / "run") == []  # the corrected command needs no --overwrite
     bad_template = config.read_text().replace('user_template: "{question}"', 'user_template: "{level} {question}"')
     config.write_text(bad_template)
     assert main(["train", str(config), "--quiet"]) == 2
     err = capsys.readouterr().err
     assert "the prompt template uses {level}, which is not a dataset column" in err and "conversation_template" not in err
-    assert not (tmp_path / "run").exists()
+    assert _left_behind(tmp_path / "run") == []
+
+
+def _left_behind(run):
+    from evollm.run.lock import LOCK
+
+    return [p.name for p in run.iterdir() if p.name != LOCK] if run.exists() else []
 
 
 def test_a_second_ctrl_c_still_prints_the_resume_command(tmp_path, monkeypatch, capsys):
