@@ -34,6 +34,7 @@ from ..algorithms.grpo import GRPO
 from evollm.run.population import Population
 from ..rollout import Episode, EnvPool, collect_episodes, stack_episodes
 from ..run.measure import member_tokens, with_costs
+from .compat import agilerl_extras, pick_selection
 from .data_parallel import seed_sampling
 from .loop import closing_all, evolve, run_callbacks
 
@@ -78,8 +79,8 @@ def finetune_llm_multiturn(pop: Sequence, max_turns: int, env_factory: Callable[
                            callbacks: Sequence = (), checkpoint_dir: str | Path | None = None,
                            resume: bool = False, checkpoint_every: int | None = None,
                            keep_checkpoints: int | None = 3, run_config: dict | None = None,
-                           max_time: float | None = None
-                           ) -> tuple[list, Population]:
+                           max_time: float | None = None, selection_strategy=None, max_wall_seconds=None,
+                           **agilerl_kwargs) -> tuple[list, Population]:
     """Train a population on a multi-turn environment (``max_time``: wall-clock budget in seconds).
 
     Args:
@@ -98,8 +99,13 @@ def finetune_llm_multiturn(pop: Sequence, max_turns: int, env_factory: Callable[
             :func:`~evollm.training.loop.finetune_llm_reasoning` (episode seeds follow from the step, so
             there is no env state to save).
 
-    Returns ``(agents, population)`` like the reasoning loop.
+    Returns ``(agents, population)`` like the reasoning loop. AgileRL's ``selection_strategy``
+    (``tournament``), ``max_wall_seconds`` (``max_time``), ``init_hp``, ``wb`` and ``accelerator`` are
+    accepted (see :mod:`evollm.training.compat`).
     """
+    agilerl_extras(agilerl_kwargs)
+    tournament = pick_selection(tournament, selection_strategy)
+    max_time = max_wall_seconds if max_time is None else max_time
     if max_turns < 1 or episodes_per_step < 1 or eval_episodes < 1:
         raise ValueError(f"max_turns, episodes_per_step and eval_episodes must be >= 1, got {max_turns}, "
                          f"{episodes_per_step}, {eval_episodes}")
