@@ -51,6 +51,9 @@ class AgentConfig:
     lr: float = 5e-5
     batch_size: int = 16
     update_epochs: int = 1
+    #: stop an update's epochs early: after an epoch whose mean ``approx_kl`` (the policy's KL from the
+    #: sampling policy) exceeds it, no further epochs run; None: always ``update_epochs``
+    target_kl: float | None = None
     max_grad_norm: float | None = 1.0
     beta: float = 0.0
     #: alias of the clip offsets: a float ``c`` sets ``clip_low = clip_high = c``; a tuple ``(a, b)`` sets
@@ -68,7 +71,7 @@ class AgentConfig:
     logprob_chunk_rows: int | None = None  # None: as many rows as fit logits_budget_mb
     logits_budget_mb: float = 256.0  # memory one forward's logits (and a fused learn pass's activations) may take
     #: members per fused learn pass; None: one by one, unless a member's activations are small (below half its
-    #: adapter + Adam state, or < 16 MiB), then as many as fit logits_budget_mb (see grpo.member_chunks)
+    #: adapter + Adam state, or < 16 MiB), then as many as fit logits_budget_mb (see memory_plan.member_chunks)
     learn_chunk_members: int | None = None
     weight_decay: float = 0.0
     seed: int = 42
@@ -91,6 +94,8 @@ class AgentConfig:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
         if not _integer(self.top_k) or self.top_k < 0:
             raise ValueError(f"top_k must be an integer >= 0 (0: off), got {self.top_k!r}")
+        if self.target_kl is not None and not (_finite(self.target_kl) and self.target_kl > 0):
+            raise ValueError(f"target_kl must be > 0 or None (no early stop), got {self.target_kl!r}")
         if not (_finite(self.beta) and self.beta >= 0):
             raise ValueError(f"beta must be >= 0, got {self.beta!r}")
         if self.max_grad_norm is not None and not (_finite(self.max_grad_norm) and self.max_grad_norm > 0):

@@ -28,10 +28,10 @@ from pathlib import Path
 
 import torch
 from peft import LoraConfig
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from evollm.adapters.resize import FRESH_ATTR, track_fresh_directions
-from evollm.utils.atomic import CheckpointError, atomic_folder, jsonable, verify
+from evollm.utils.atomic import CheckpointError, atomic_folder, jsonable, save_tensors, verify
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 
@@ -48,7 +48,7 @@ def save_adapter(shared, adapter_name: str, directory: Path) -> None:
     config.inference_mode = True
     config.save_pretrained(str(directory))
     state = {k: v.contiguous() for k, v in shared.state_dict(adapter_name).items()}
-    save_file(state, str(directory / ADAPTER_WEIGHTS), metadata={"format": "pt"})
+    save_tensors(state, directory / ADAPTER_WEIGHTS, metadata={"format": "pt"})
 
 
 def read_adapter(directory: Path) -> tuple[LoraConfig, dict[str, torch.Tensor]]:
@@ -189,9 +189,9 @@ def write_agent(agent, path: Path) -> Path:
     extra = {f"{key}.{i}": p.detach().contiguous().clone()
              for key, params in agent._extra_parameters().items() for i, p in enumerate(params)}
     if extra:
-        save_file(extra, str(path / "modules.safetensors"))
+        save_tensors(extra, str(path / "modules.safetensors"))
     tensors, meta = optimizer_to_safetensors(agent.optimizer)
-    save_file(tensors, str(path / "optimizer.safetensors"))
+    save_tensors(tensors, str(path / "optimizer.safetensors"))
     (path / "optimizer.json").write_text(json.dumps(meta, indent=1))
     info = {
         "algorithm": type(agent).__name__,

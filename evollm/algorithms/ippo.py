@@ -32,7 +32,7 @@ import torch
 from evollm.parallel import zero
 from .base import build_config
 from .ppo import LLMPPO, LLMPPOConfig
-from .ppo_fused import learn_grouped
+from .ppo_update import learn_grouped
 from ..rollout import SamplingConfig
 
 #: team setting -> the per-agent field it sets (CoMLRL name -> LLMPPO name)
@@ -44,7 +44,7 @@ AGENT_FIELDS: dict[str, str] = {
     "entropy_coef": "ent_coef", "advantage_normalization": "adv_whitening", "gamma": "gamma",
     "gae_lambda": "gae_lambda", "max_new_tokens": "max_output_tokens", "temperature": "temperature",
     "top_p": "top_p", "top_k": "top_k", "do_sample": "do_sample", "use_separate_critic": "use_separate_critic",
-    "beta": "beta", "seed": "seed",
+    "beta": "beta", "seed": "seed", "target_kl": "target_kl",
 }
 
 #: per-agent hyperparameters evolution may change (as ``agent<i>.<name>``, or bare for every agent)
@@ -69,6 +69,7 @@ class IPPOConfig:
     rollout_buffer_size: int = 32  #: episodes (dataset rows) each team plays before an update
     mini_batch_size: int = 8  #: episodes per PPO minibatch
     ppo_epochs: int = 2  #: passes over the buffer per update
+    target_kl: float | None = None  #: stop an agent's epochs once an epoch's mean approx_kl exceeds it (None: off)
     clip_coef: float | None = 0.2  #: PPO ratio clip (1 +- clip_coef); None: no clipping
     value_clip_range: float | None = 0.2  #: value-loss clip around the old values; None: unclipped
     value_loss_coef: float = 0.5  #: weight of the value loss
@@ -136,7 +137,7 @@ class IPPOAgentConfig(LLMPPOConfig):
 
 class IPPOAgent(LLMPPO):
     """One agent of a team: LLMPPO with an optional critic adapter, a (possibly MLP) value head and
-    the fused update of :mod:`evollm.algorithms.ppo_fused`."""
+    the PPO update of :mod:`evollm.algorithms.ppo_update` (agents with equal schedules share passes)."""
 
     config_cls = IPPOAgentConfig
 
@@ -169,11 +170,6 @@ class IPPOAgent(LLMPPO):
                                            betas=(c.adam_beta1, c.adam_beta2), eps=c.adam_epsilon),
                          c.max_grad_norm, self.__dict__.get("optimizer"))
 
-    def _token_values(self, ids: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
-        from .ppo_fused import _forward, _values, value_adapter
-        hidden = _forward([self], [value_adapter(self)], ids, attn, torch.is_grad_enabled(), True, logits=False)[1]
-        return _values(self, hidden)
-
     def sampling_config(self, training: bool = True, group_size: int = 1) -> SamplingConfig:
         s = super().sampling_config(training, group_size)
         return dataclasses.replace(s, do_sample=training and self.config.do_sample)
@@ -183,7 +179,7 @@ class IPPOAgent(LLMPPO):
 
     @classmethod
     def learn_population(cls, agents: Sequence["IPPOAgent"], experiences: Sequence) -> list[dict[str, float]]:
-        """Agents whose update schedule agrees share every forward/backward pass (see ppo_fused)."""
+        """Agents whose update schedule agrees share every forward/backward pass (see ppo_update)."""
         return learn_grouped(agents, experiences)
 
 

@@ -128,6 +128,9 @@ class TaskSection(Section):
                          "config's folder or the working directory) to a function (completion, answer, "
                          "question) -> float, or a TRL-style (completions, **kwargs) -> list[float].",
                          when={"name": SINGLE_TURN_TASKS})
+    reward_timeout: float | None = option(None, "Seconds one reward call may take; a call still running then "
+                                          "stops the run with one line naming the sample (the last checkpoint "
+                                          "kept); null: no limit.", when={"name": SINGLE_TURN_TASKS})
     n_train: int | None = option(None, "Training questions: generated (arithmetic, default 2000) or the first "
                                  "rows kept (dataset, default all).", when={"name": SINGLE_TURN_TASKS})
     n_test: int | None = option(None, "Held-out evaluation questions, fixed for the whole run (arithmetic: "
@@ -194,6 +197,8 @@ class TaskSection(Section):
         for name in ("n_train", "n_test"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ConfigError(f"task.{name} must be >= 1, got {getattr(self, name)}")
+        if self.reward_timeout is not None and not self.reward_timeout > 0:
+            raise ConfigError(f"task.reward_timeout must be > 0 seconds or null, got {self.reward_timeout}")
         from evollm.tasks.user import BUILTIN_REWARDS, check_reward_name
         try:
             check_reward_name(self.reward)

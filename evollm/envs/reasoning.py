@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from .reward_call import (RewardFunctionError, call_batched, call_per_sample, check_signature,
-                          extra_columns_wanted, is_batched)
+                          extra_columns_wanted, is_batched, with_timeout)
 
 class DatasetColumnsError(ValueError, AssertionError):
     """A dataset row lacks the columns a prompt or a reward needs (an ``AssertionError`` too, as in AgileRL)."""
@@ -143,6 +143,8 @@ class ReasoningGym:
             ``"raise"``.
         chat_template_kwargs: extra ``apply_chat_template`` options (e.g. ``{"enable_thinking": False}``).
         seed: shuffling seed of the training stream.
+        reward_timeout: seconds one reward call may take (``None``: no limit); a call still running then
+            fails like a reward that raised (:func:`evollm.envs.reward_call.with_timeout`).
         accelerator, return_raw_completions: AgileRL's keywords, accepted. Multi-process runs shard
             each batch themselves (``accelerator`` has no effect) and every prompt carries its text.
 
@@ -155,7 +157,7 @@ class ReasoningGym:
                  conversation_template: Sequence[dict] | None = None, data_batch_size_per_gpu: int = 8,
                  max_context_length: int | None = None, seed: int = 42, eval_batch_size: int = 64,
                  long_prompts: str = "filter", chat_template_kwargs: dict | None = None, accelerator=None,
-                 return_raw_completions: bool = False):
+                 return_raw_completions: bool = False, reward_timeout: float | None = None):
         if data_batch_size_per_gpu < 1:
             raise ValueError(f"data_batch_size_per_gpu must be >= 1, got {data_batch_size_per_gpu}")
         if long_prompts not in ("filter", "raise"):
@@ -172,7 +174,7 @@ class ReasoningGym:
         if not callable(reward_fn):
             raise ValueError(f"reward_fn must be a function, got {type(reward_fn).__name__}")
         check_signature(reward_fn)
-        self.reward_fn = reward_fn
+        self.reward_fn = with_timeout(reward_fn, reward_timeout)
         self.batched_reward = is_batched(reward_fn)
         self._reward_extra = extra_columns_wanted(reward_fn)
         self.template = None if conversation_template is None else list(conversation_template)

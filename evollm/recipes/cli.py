@@ -83,14 +83,22 @@ def train(config_path: str, overrides: list[str] | None = None, quiet: bool = Fa
         return run(cfg, resume=False, quiet=quiet)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"output_dir {str(out)!r} is a file, not a directory")
-    with RunLock(out):  # only the main process writes the run directory, one writer at a time
-        prepare_output_dir(out, overwrite)
-        write_json(out / RUN_CONFIG, cfg.to_dict(explicit=True))
-        try:
-            return run(cfg, resume=False, quiet=quiet)
-        except Exception:
-            forget_failed_start(out)
-            raise
+    forgotten = False
+    try:
+        with RunLock(out):  # only the main process writes the run directory, one writer at a time
+            prepare_output_dir(out, overwrite)
+            write_json(out / RUN_CONFIG, cfg.to_dict(explicit=True))
+            try:
+                return run(cfg, resume=False, quiet=quiet)
+            except Exception:
+                forgotten = forget_failed_start(out)
+                raise
+    finally:
+        if forgotten:  # emptied but for the lock, now released
+            try:
+                out.rmdir()
+            except OSError:
+                pass
 
 
 def forget_failed_start(out: Path) -> bool:

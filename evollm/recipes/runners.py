@@ -36,7 +36,8 @@ def run_reasoning(cfg, members, tokenizer, train_cfg: dict, evo_steps, selection
     env = ReasoningGym(train_ds, test_ds, tokenizer, reward_fn, template, seed=cfg.seed,
                        data_batch_size_per_gpu=cfg.env.data_batch_size_per_gpu * dist.num_processes(),
                        max_context_length=cfg.env.max_context_length, eval_batch_size=cfg.env.eval_batch_size,
-                       long_prompts=cfg.env.long_prompts, chat_template_kwargs=cfg.task.chat_template_kwargs)
+                       long_prompts=cfg.env.long_prompts, chat_template_kwargs=cfg.task.chat_template_kwargs,
+                       reward_timeout=cfg.task.reward_timeout)
     saved = Path(cfg.output_dir) / WARM_START
     if train_cfg.get("resume") and saved.is_file():  # measured when the run started: not again on every resume
         measured = json.loads(saved.read_text())

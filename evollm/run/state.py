@@ -11,9 +11,9 @@ from typing import Any
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
-from evollm.utils.atomic import CheckpointError
+from evollm.utils.atomic import CheckpointError, save_tensors
 
 RUN_STATE = "run_state.json"
 TORCH_RNG = "rng_torch.safetensors"
@@ -57,7 +57,7 @@ def write_run_state(folder: Path, *, step: int, max_steps: int, seed: int, since
              "env": _state_of(env), "mutation": _state_of(mutation), "selection": _state_of(selection),
              "config": config}
     (folder / RUN_STATE).write_text(json.dumps(state, indent=1))
-    save_file({k: v.contiguous() for k, v in tensors.items()}, str(folder / TORCH_RNG))
+    save_tensors({k: v.contiguous() for k, v in tensors.items()}, str(folder / TORCH_RNG))
 
 
 def read_run_state(folder: Path) -> tuple[dict, dict[str, torch.Tensor]]:

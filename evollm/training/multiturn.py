@@ -6,7 +6,8 @@
 * ``train_step``: every member plays the same ``episodes_per_step`` seeds (``group_size``
   episodes per seed for group-relative members), all members' running episodes answered
   by one batched, adapter-routed ``generate`` per turn; then each member learns from its
-  own episodes.  LLMPPO / LLMREINFORCE get ``(ids, action_masks, turn_ids, rewards[B, K])``;
+  own episodes.  LLMPPO / LLMREINFORCE get ``(ids, action_masks, turn_ids, rewards[B, K], truncated[B])``
+  (``truncated``: the episode was cut by the turn limit or the context length; PPO bootstraps it);
   GRPO-family members get ``(ids, action_masks, returns[P, G])``, where an episode's reward
   is the sum of its turn rewards and advantages are relative to the other episodes of the
   same seed (environment tokens are masked out in both cases).
@@ -49,7 +50,8 @@ def episodes_to_experiences(agent, episodes: Sequence[Episode], num_turns: int) 
         group = agent.config.group_size
         returns = torch.tensor([e.episode_return for e in episodes], dtype=torch.float32)
         return ids, masks, returns.reshape(-1, group)
-    return ids, masks, turn_ids, rewards
+    truncated = torch.tensor([e.truncated for e in episodes], dtype=torch.bool)
+    return ids, masks, turn_ids, rewards, truncated
 
 
 def evaluate_episodes(agents: Sequence, pool: EnvPool, seeds: Sequence[int], max_turns: int | None = None,

@@ -6,7 +6,7 @@ import pytest
 import torch
 from peft import PeftModel
 
-import evollm.algorithms.ppo_fused as fused
+import evollm.algorithms.ppo_update as fused
 from evollm.adapters.shared import default_lora_config
 from evollm.algorithms.ippo import IPPOConfig, IPPOTeam
 from evollm.algorithms.ippo_rollout import evaluate_teams, play_teams
