@@ -5,6 +5,7 @@ hyperparameters (:class:`Mutations`), selects the next generation
 (:class:`TournamentSelection`, :class:`TruncationSelection`) and seeds
 initial hyperparameters (:func:`initial_population_hyperparameters`).
 """
+from evollm.hpo.compat import MutationError
 from evollm.hpo.mutation import Mutations
 from evollm.hpo.optuna_utils import hp_config_to_distributions, initial_population_hyperparameters
 from evollm.hpo.parameters import HyperparameterConfig, RLParameter
@@ -15,6 +16,7 @@ __all__ = [
     "RLParameter",
     "HyperparameterConfig",
     "Mutations",
+    "MutationError",
     "MutationRecord",
     "TournamentSelection",
     "TruncationSelection",
