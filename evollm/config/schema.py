@@ -409,7 +409,8 @@ def parse_override(item: str) -> tuple[str, list[str], Any]:
     try:
         value = yaml.safe_load(text) if text.strip() else None
     except yaml.YAMLError as e:
-        raise ConfigError(f"--set {item!r}: the value is not valid YAML ({getattr(e, 'problem', e)})") from e
+        hint = (f"; quote it: --set '{key.strip()}=\"{text}\"'" if text.strip()[:1] in "{[&*!|>%@`" else "")
+        raise ConfigError(f"--set {item!r}: the value is not valid YAML ({getattr(e, 'problem', e)}){hint}") from e
     return key.strip(), parts, value
 
 

@@ -80,9 +80,10 @@ def prompt_messages(row: dict, template: Sequence[dict] | None) -> tuple[list[di
     if "question" not in row:
         raise ValueError(f"needs a 'question' column (or TRL's 'prompt', or conversational 'messages'); "
                          f"its columns: {sorted(row)}")
+    messages = fill_template(template or [{"role": "user", "content": "{question}"}], row)  # the row's own columns
     row.setdefault("prompt", row["question"])
     row["conversational"] = False
-    return fill_template(template or [{"role": "user", "content": "{question}"}], row), row
+    return messages, row
 
 
 def render_prompt(tokenizer, template: Sequence[dict], fields: dict, chat_template_kwargs: dict | None = None) -> str:

@@ -46,6 +46,8 @@ def prompt_spec(cfg, tokenizer, agent_info: dict) -> dict:
     _, test, _, template = build_task(cfg.task, cfg.seed)
     row = dict(test[0])
     messages, _ = prompt_messages(row, template)
+    if template is None and "question" in row:
+        template = [{"role": "user", "content": "{question}"}]
     spec.update(
         messages=template,
         how=("fill every {column} of messages from a row of your data (str.format), then "
