@@ -7,9 +7,10 @@ Both arms run in one process, interleaved step by step (pairs; the order alterna
 prompts: the population samples ``group_size`` completions of ``prompts`` prompts per member (one
 batched generate, ``generate_population``) and learns (``GRPO.learn_population``); the single agent
 samples N x prompts distinct prompts (its first ``prompts`` are the population's; N x the rows, and no
-prompt repeated, which its shared-prompt forward would compute once) and learns once from all of them. Each step is timed with the main thread's CPU time (``time.thread_time``, 1 torch thread) and
-wall time; the ratio population / single is taken per pair and the median reported (whole step, its
-generation and its learn). Target: ratio <= 1. Models: the 1.2M-parameter Llama of ``vs_trl.py``
+prompt repeated, which its shared-prompt forward would compute once) and learns once from all of them.
+Each step is timed with the main thread's CPU time (``time.thread_time``, 1 torch thread) and wall time;
+the ratio population / single is taken per pair and the median reported (whole step, its generation and
+its learn). Target: ratio <= 1. Models: the 1.2M-parameter Llama of ``vs_trl.py``
 (arithmetic prompts, 4 new tokens) or SmolLM2-135M-Instruct (the chat shape of ``vs_trl.py --prompt chat``).
 """
 

@@ -187,7 +187,7 @@ def write_agent(agent, path: Path) -> Path:
     for role in agent.ROLES:
         save_adapter(agent.shared, agent.adapter_name(role), path / role_dir(role))
     extra = {f"{key}.{i}": p.detach().contiguous().clone()
-             for key, params in agent._extra_parameters().items() for i, p in enumerate(params)}
+             for key, params in agent.extra_parameters().items() for i, p in enumerate(params)}
     if extra:
         save_tensors(extra, str(path / "modules.safetensors"))
     tensors, meta = optimizer_to_safetensors(agent.optimizer)
@@ -202,8 +202,8 @@ def write_agent(agent, path: Path) -> Path:
         "scores": [jsonable(s) for s in agent.scores],
         "steps": agent.steps,
         "lora_rank": agent.lora_rank,
-        "quarantined": bool(getattr(agent, "quarantined", False)),
-        "quarantine_reason": getattr(agent, "quarantine_reason", None),
+        "quarantined": bool(agent.quarantined),
+        "quarantine_reason": agent.quarantine_reason,
         "base_fingerprint": shared_fingerprint(agent.shared),
     }
     (path / "agent.json").write_text(json.dumps(info, indent=1))
@@ -251,7 +251,7 @@ def load_agent(agent, path: str | Path, merge_lora_configs: bool = False, verify
     if (path / "modules.safetensors").exists():
         extra = load_file(str(path / "modules.safetensors"))
         with torch.no_grad():
-            for key, params in agent._extra_parameters().items():
+            for key, params in agent.extra_parameters().items():
                 for i, p in enumerate(params):
                     p.copy_(extra[f"{key}.{i}"])
     agent.config = new_config

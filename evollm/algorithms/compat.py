@@ -267,7 +267,7 @@ def agilerl_style_test(agent, env, loop: int) -> np.float64:
     else:
         raise TypeError(f"env must be a ReasoningGym (or subclass) or TokenizedMultiTurnEnv-like multi-turn env "
                         f"(reset/step, e.g. evollm's TokenObservationWrapper), got {type(env).__name__}")
-    agent.fitness.append(fitness)
+    agent.record_fitness(fitness)
     return np.float64(fitness)
 
 

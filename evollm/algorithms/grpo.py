@@ -17,6 +17,7 @@ from .. import functional as F
 from evollm.parallel import zero
 from .acting import Acting, ActionResult  # noqa: F401 - ActionResult: what get_action returns
 from .base import AgentConfig, LLMAgent
+from ..utils.fields import documented
 from .compat import agilerl_style_test, is_evollm_env
 from .memory_plan import learn_path, member_chunks
 from .updates import mean_metrics, record, run_epochs
@@ -33,23 +34,24 @@ class GRPOConfig(AgentConfig):
     wins over the preset.
     """
 
-    group_size: int = 8
-    #: grpo, dr_grpo, dapo, gspo or cispo (see ``evollm.functional.LOSS_PRESETS``)
-    loss_type: str = "grpo"
-    #: "group", "batch" or "none"; None: the loss type's preset
-    scale_rewards: str | None = None
+    group_size: int = documented(8, "Completions sampled per prompt; advantages are relative to the other "
+                                 "completions of the same prompt (>= 2).")
+    loss_type: str = documented("grpo", "grpo, dr_grpo, dapo, gspo or cispo: a row of "
+                                "evollm.functional.LOSS_PRESETS (loss aggregation, clip range, reward scaling).")
+    scale_rewards: str | None = documented(None, "Divisor of the group-centred rewards: 'group' (the group's std), "
+                                           "'batch' (the batch's std) or 'none'; None: the loss type's preset.")
     lr: float = 5e-5
     beta: float = 0.0
-    #: None: the loss type's preset offsets (clip_low/clip_high still win where set)
-    clip_coef: float | tuple[float, float] | None = None
-    #: DAPO dynamic sampling: drop groups whose rewards are all equal and refill the batch from
-    #: further prompts (at most ``dynamic_sampling_max_batches`` extra batches per step)
-    dynamic_sampling: bool = False
-    dynamic_sampling_max_batches: int = 3
-    #: DAPO overlong reward shaping: a soft penalty over the last ``overlong_buffer`` tokens before
-    #: ``max_output_tokens`` (0: off), reaching ``-overlong_penalty`` at the limit
-    overlong_buffer: int = 0
-    overlong_penalty: float = 1.0
+    clip_coef: float | tuple[float, float] | None = documented(
+        None, "Alias of the clip offsets (a float sets both, a tuple is (clip_low, clip_high)); None: the loss type's "
+        "preset offsets (clip_low/clip_high still win where set).")
+    dynamic_sampling: bool = documented(False, "DAPO dynamic sampling: drop groups whose rewards are all equal and "
+                                        "refill the batch from further prompts.")
+    dynamic_sampling_max_batches: int = documented(3, "Most extra batches of prompts dynamic sampling draws per "
+                                                   "step.")
+    overlong_buffer: int = documented(0, "DAPO overlong reward shaping: a soft penalty over the last overlong_buffer "
+                                      "tokens before max_output_tokens; 0: off.")
+    overlong_penalty: float = documented(1.0, "The overlong penalty reached at max_output_tokens (-overlong_penalty).")
 
     def preset(self) -> dict:
         """This loss type's row of :data:`evollm.functional.LOSS_PRESETS` (grpo's for an unknown
@@ -65,14 +67,14 @@ class GRPOConfig(AgentConfig):
         """``scale_rewards``, or the loss type's preset when unset."""
         return self.scale_rewards if self.scale_rewards is not None else str(self.preset()["scale_rewards"])
 
-    #: correction of a sampler/trainer mismatch when the rollouts carry the sampling engine's log-probs
-    #: (``rollout_backend="vllm"``): TRL's ``vllm_importance_sampling_mode`` (token_truncate, token_mask,
-    #: sequence_truncate, sequence_mask) or ``"none"``; see :func:`evollm.functional.sampler_importance_weights`
-    sampler_correction: str = "token_truncate"
-    #: upper bound C of the importance weight (TRL's ``vllm_importance_sampling_cap``); None: no bound
-    sampler_correction_cap: float | None = 2.0
-    #: lower bound of the importance weight; None: no bound
-    sampler_correction_floor: float | None = None
+    sampler_correction: str = documented(
+        "token_truncate", "Correction of a sampler/trainer mismatch when the rollouts carry the sampling engine's "
+        "log-probs (rollout_backend='vllm'): TRL's vllm_importance_sampling_mode (token_truncate, token_mask, "
+        "sequence_truncate, sequence_mask) or 'none'.")
+    sampler_correction_cap: float | None = documented(2.0, "Upper bound of the sampler importance weight (TRL's "
+                                                      "vllm_importance_sampling_cap); None: no bound.")
+    sampler_correction_floor: float | None = documented(None, "Lower bound of the sampler importance weight; None: "
+                                                        "no bound.")
 
     def validate(self) -> None:
         super().validate()

@@ -140,10 +140,10 @@ def last_token_of_turn(turn_ids: torch.Tensor, num_turns: int) -> torch.Tensor:
 # What LLMPPO and LLMREINFORCE share
 # --------------------------------------------------------------------------- #
 class EpisodeAgent(Acting, LLMAgent):
-    """Base of the agents that learn from whole episodes (LLMPPO, LLMREINFORCE): sampling and the
-    population constructor are every member's (:class:`~evollm.algorithms.acting.Acting`: ``group_size``
-    samples per prompt, 1 by default), and :meth:`test` works on a
-    :class:`~evollm.envs.reasoning.ReasoningGym` or a multi-turn wrapper."""
+    """Base of the agents that learn from whole episodes (LLMPPO, LLMREINFORCE): sampling is every acting
+    member's (:class:`~evollm.algorithms.acting.Acting`: ``group_size`` samples per prompt, 1 by default),
+    founders are every member's (:meth:`~evollm.algorithms.member.Member.population`), and :meth:`test` works
+    on a :class:`~evollm.envs.reasoning.ReasoningGym` or a multi-turn wrapper."""
 
     def test(self, env, loop: int = 1) -> float:
         """Fitness, appended to ``self.fitness``: on a ReasoningGym the mean reward on its fixed test set;
@@ -158,7 +158,7 @@ class EpisodeAgent(Acting, LLMAgent):
         for seed in range(loop):
             returns += [e.episode_return for e in collect_episodes([self], [env], [seed], training=False)[self.index]]
         fitness = sum(returns) / len(returns)
-        self.fitness.append(fitness)
+        self.record_fitness(fitness)
         return np.float64(fitness)
 
     def _policy_forward(self, model, ids: torch.Tensor, attn: torch.Tensor, action_mask: torch.Tensor,

@@ -36,6 +36,7 @@ from .. import functional as F
 from evollm.parallel import zero
 from evollm.parallel.distributed import all_reduce_gradients
 from .base import AgentConfig
+from ..utils.fields import documented
 from .compat import AgileRLMetrics, with_turn_ids
 from .multiturn_rollout import (EpisodeAgent, EpisodeBatch, episode_batch, last_token_of_turn, pack_actions,
                                 unpack_actions)
@@ -53,21 +54,26 @@ class LLMPPOConfig(AgentConfig):
     ``lr_actor`` are kept equal (setting either sets both)."""
 
     lr: float = 1e-4
-    lr_actor: float | None = None
-    lr_critic: float | None = None
-    #: clip of the value loss around the old values (``|V - V_old| <= value_clip``); None: unclipped. Its own
-    #: setting: the policy clip (clip_coef / clip_low / clip_high) never moves it
-    value_clip: float | None = 0.2
-    vf_coef: float = 0.5
-    ent_coef: float = 0.0
-    gamma: float = 1.0
-    gae_lambda: float = 0.95
+    lr_actor: float | None = documented(None, "AdamW learning rate of the actor adapter; None: lr (afterwards lr "
+                                        "and lr_actor are kept equal: setting either sets both).")
+    lr_critic: float | None = documented(None, "Learning rate of the critic adapter and the value head; None: "
+                                         "lr_actor.")
+    value_clip: float | None = documented(
+        0.2, "Clip of the value loss around the old values (|V - V_old| <= value_clip); None: unclipped. Its own "
+        "setting: the policy clip (clip_coef / clip_low / clip_high) never moves it.")
+    vf_coef: float = documented(0.5, "Weight of the value loss.")
+    ent_coef: float = documented(0.0, "Weight of the entropy bonus.")
+    gamma: float = documented(1.0, "Discount across turns.")
+    gae_lambda: float = documented(0.95, "GAE lambda across turns (or tokens with action_granularity='token').")
     update_epochs: int = 2
     batch_size: int = 8
-    group_size: int = 1
-    action_granularity: str = "turn"
-    turn_value_reduce: str = "first"
-    adv_whitening: bool = True
+    group_size: int = documented(1, "Samples (episodes) per prompt or seed.")
+    action_granularity: str = documented("turn", "'turn': a turn is one action (GAE across turns, its reward "
+                                         "counted once); 'token': GAE over action tokens, each turn's reward on "
+                                         "its last token; 'auto': token for single-turn episodes, else turn.")
+    turn_value_reduce: str = documented("first", "Value of a turn: 'first' (the state before the turn), 'last' (at "
+                                        "its last action token) or 'mean' (over its tokens).")
+    adv_whitening: bool = documented(True, "Whiten advantages per update.")
 
     def validate(self) -> None:
         super().validate()

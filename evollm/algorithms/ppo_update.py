@@ -217,12 +217,15 @@ def ppo_update(agents: Sequence, experiences: Sequence) -> list[dict[str, float]
 
 
 def _fixed_quantities(members: list[_Member], actors, critics, separate: bool, needs_old: bool) -> None:
-    """Old log-probs, values and reference log-probs, a minibatch of rows per member at a time (from the first
-    action column on: log-probs through :func:`evollm.rollout.member_logprobs`, values without the output
-    head); then each member's returns and advantages (GAE, bootstrapping episodes cut short from the critic)."""
+    """Old log-probs, values and reference log-probs (from the first action column on: log-probs through
+    :func:`evollm.rollout.member_logprobs`, values without the output head); then each member's returns and
+    advantages (GAE, bootstrapping episodes cut short from the critic). Several members, or logits from the
+    value head's own forward, go a minibatch of rows per member at a time; one member with a critic in one
+    pass (its log-probs bound their logits to ``logits_budget_mb`` themselves)."""
     agents = [m.agent for m in members]
     c0 = agents[0].config
-    n, bs = members[0].batch.input_ids.shape[0], c0.batch_size
+    n = members[0].batch.input_ids.shape[0]
+    bs = n if len(agents) == 1 and separate else c0.batch_size
     temps = [a.config.temperature for a in agents]
     with_ref = any(a.config.beta > 0 for a in agents)
     parts: dict[str, list] = {"logp": [], "values": [], "ref": []}

@@ -23,6 +23,7 @@ import torch
 from .. import functional as F
 from ..rollout import first_target, loss_forward
 from .base import AgentConfig, LLMAgent
+from ..utils.fields import documented
 from .compat import with_turn_ids
 from .updates import mean_metrics, record, run_epochs
 from .multiturn_rollout import (EpisodeAgent, EpisodeBatch, episode_batch, last_token_of_turn, pack_actions,
@@ -38,11 +39,13 @@ class LLMREINFORCEConfig(AgentConfig):
     """REINFORCE hyperparameters (see :class:`AgentConfig` for the shared ones)."""
 
     lr: float = 1e-4
-    gamma: float = 1.0
+    gamma: float = documented(1.0, "Discount across turns of the returns.")
     update_epochs: int = 1
     batch_size: int = 8
-    group_size: int = 1
-    action_granularity: str = "turn"
+    group_size: int = documented(1, "Samples (episodes) per prompt or seed.")
+    action_granularity: str = documented("turn", "'turn': returns per turn, z-scored over the batch's (episode, "
+                                         "turn) cells; 'token': per-token returns, each turn's reward on its last "
+                                         "token; 'auto': token for single-turn episodes, else turn.")
 
     def validate(self) -> None:
         super().validate()

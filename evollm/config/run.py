@@ -15,7 +15,8 @@ Sections (all optional except ``algorithm``)::
     train:     {max_steps: 60, evaluation_interval: 10, evo_steps: 20, checkpoint_every: 10}
     logging:   {tensorboard: true, wandb: false, mlflow: false, plots: true}
 
-Every field below is documented in place; ``evollm.config.describe_config()`` prints them all.
+Every field below is documented in place; ``evollm.config.describe_config()`` prints them all (and every
+algorithm's hyperparameters).
 To add a setting, add one ``name: type = option(default, "help", ...)`` line to its section.
 """
 
@@ -30,7 +31,7 @@ from typing import Any
 
 from evollm.config.hpo import HPOSection
 from evollm.config.schema import (
-    ConfigError, Section, apply_override, check_no_effect, coerce, did_you_mean, document, option,
+    ConfigError, Section, apply_override, check_no_effect, coerce, did_you_mean, option,
     read_yaml, resolve_paths, unknown_key_error,
 )
 
@@ -371,6 +372,19 @@ class TrainSection(Section):
     def checkpoint_interval(self) -> int:
         return self.evaluation_interval if self.checkpoint_every is None else self.checkpoint_every
 
+    def loop_settings(self, output_dir: str | Path, seed: int, resume: bool = False, run_config: dict | None = None,
+                      verbose: bool = True):
+        """The :class:`~evollm.training.settings.LoopSettings` of this section (paths resolved against
+        ``output_dir``: checkpoints in ``output_dir/checkpoints``, elites in ``output_dir/elites`` by default)."""
+        from evollm.training.settings import LoopSettings
+
+        out = Path(output_dir)
+        return LoopSettings(max_steps=self.max_steps, evaluation_interval=self.evaluation_interval,
+                            evo_steps=self.evo_steps, max_time=self.max_time, save_elite=self.save_elite,
+                            elite_path=self.elite_path or str(out / "elites"), checkpoint_dir=str(out / "checkpoints"),
+                            checkpoint_every=self.checkpoint_interval(), keep_checkpoints=self.keep_checkpoints,
+                            resume=resume, run_config=run_config, seed=int(seed), verbose=verbose)
+
 
 @dataclass
 class LoggingSection(Section):
@@ -502,15 +516,8 @@ class RunConfig(Section):
 
 
 def _check_evolvable(names, alg: "AlgorithmSection") -> None:
-    cls = algorithm_class(alg.name)
-    evolvable = (list(cls.evolvable_names(alg.agent_config())) if hasattr(cls, "evolvable_names")
-                 else [*cls.MUTABLE, "lora_rank"])
+    evolvable = list(algorithm_class(alg.name).evolvable_names(alg.agent_config()))
     for name in names:
         if name not in evolvable:
             raise ConfigError(f"hpo.hp_config.{name}: {alg.name} cannot evolve it; "
                               f"{did_you_mean(name, evolvable)}evolvable: {sorted(evolvable)}")
-
-
-def describe_config() -> str:
-    """Every setting of a run config with its default and help text, one line each."""
-    return document(RunConfig)

@@ -165,7 +165,7 @@ def _split(out: dict, job: tuple, seqs: torch.Tensor, sampler_logp, mask: torch.
 
 def evaluate_population(agents: Sequence, env, record: bool = True) -> list[float]:
     """Fitness of every member: mean reward over the env's fixed test prompts, greedy decoding,
-    all members batched. Appends to each member's ``fitness`` when ``record``."""
+    all members batched. Recorded in each member's fitness history when ``record``."""
     prompts = env.test_prompts()
     totals = torch.zeros(len(agents))
     count = 0
@@ -180,5 +180,5 @@ def evaluate_population(agents: Sequence, env, record: bool = True) -> list[floa
     fitness = (totals / count).tolist()
     if record:
         for agent, f in zip(agents, fitness):
-            agent.fitness.append(f)
+            agent.record_fitness(f)
     return fitness

@@ -125,6 +125,7 @@ class RunCheckpointer:
         self.stop_grace = stop_grace
         self._lock = RunLock(directory, log=log) if lock else None
         self._alarm = None
+        self._saving = False
         self.directory, self.every, self.keep = Path(directory), int(every), keep
         self.env, self.mutation, self.selection = env, mutation, selection
         self.seed, self.config, self.resume = seed, config, resume
@@ -176,9 +177,16 @@ class RunCheckpointer:
     def save(self, state) -> Path:
         """Checkpoint the run as it is after ``state.step`` completed steps."""
         self._disarm()  # a stop signal's deadline does not cut a checkpoint write short
+        self._saving = True
+        try:
+            return self._save(state)
+        finally:
+            self._saving = False
+
+    def _save(self, state) -> Path:
         t0 = time.perf_counter()
         folder = self.directory / f"step_{state.step}"
-        healthy = sum(not getattr(a, "quarantined", False) for a in state.agents)
+        healthy = sum(not a.quarantined for a in state.agents)
 
         def run_files(tmp: Path) -> None:
             write_run_state(tmp, step=state.step, max_steps=state.max_steps, seed=self.seed,
@@ -214,7 +222,7 @@ class RunCheckpointer:
         check_fingerprint(population.get("base_fingerprint"), agents[0].shared.model, folder)
         restored = restore_members(agents, folder, member_ids(population["members"], folder))
         shared = restored[0].shared
-        shared._used_ids.update(int(i) for i in population.get("used_ids", []))
+        shared.mark_used(population.get("used_ids", []))
         state.record.load_state_dict({k: v for k, v in population.items()
                                       if k not in ("members", "used_ids", "base_fingerprint")})
         state.record.members = list(restored)
@@ -249,7 +257,7 @@ class RunCheckpointer:
         self.signum = signum
         self._restore_signals()  # a second signal acts at once (the last complete checkpoint stays)
         grace = ""
-        if self.stop_grace is not None and hasattr(signal, "setitimer"):
+        if self.stop_grace is not None and hasattr(signal, "setitimer") and not self._saving:
             self._alarm = signal.signal(signal.SIGALRM, self._on_deadline)
             signal.setitimer(signal.ITIMER_REAL, self.stop_grace)
             last = f"step_{self.last_saved}" if self.last_saved is not None else "none yet"
@@ -288,7 +296,7 @@ def restore_members(live: list, folder: Path, ids: list[int]) -> list:
                 raise CheckpointError(f"checkpoint {folder}: member {index} is a {kind}, and the resumed population "
                                       f"has none ({sorted({type(a).__name__ for a in live})}); resume with the "
                                       "population the run was started with")
-            template.shared._used_ids.discard(index)  # the same member returns; no other member gets its id
+            template.shared.return_index(index, template.ID_SPACE)  # the same member returns; no other gets its id
             agent = template.clone(index=index)
         rank = info.get("lora_rank")
         if rank is not None and (member_dir / "adapter").is_dir():  # checked against the adapter files

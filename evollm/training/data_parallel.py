@@ -41,7 +41,7 @@ def evaluate_data_parallel(agents: Sequence, env, evaluate_population, record: b
     fitness = (sums / view.total).tolist()
     if record:
         for agent, f in zip(agents, fitness):
-            agent.fitness.append(f)
+            agent.record_fitness(f)
     return fitness
 
 

@@ -24,28 +24,23 @@ from ..rollout import evaluate_population, generate_population
 from ..run.measure import member_tokens, with_costs
 from .dynamic_sampling import refill
 from .callbacks import Callback, LoopState, call
-from .quarantine import (DivergenceLimits, check_members, evaluate_healthy, is_quarantined, replace_quarantined,
-                         stop_if_none_healthy)
+from .quarantine import check_members, evaluate_healthy, healthy, replace_quarantined, stop_if_none_healthy
 from ..algorithms.compat import wants_vllm
-from .compat import agilerl_extras, pick_env, pick_selection, resolve_max_steps
+from .compat import AGILERL_ONLY, agilerl_extras, pick_env, pick_selection, resolve_max_steps
 from .data_parallel import evaluate_data_parallel, seed_sampling
+from .settings import LoopSettings, loop_settings
 
 
-def validate_settings(pop: Sequence, max_steps: int, evaluation_interval: int, evo_steps: int | None,
-                      tournament, mutation) -> None:
-    """Reject inconsistent settings before any work is done."""
+def validate_settings(pop: Sequence, settings: LoopSettings, tournament, mutation) -> None:
+    """Reject a population or evolution objects that do not fit ``settings`` before any work is done
+    (the options themselves are checked by :meth:`LoopSettings.validate`)."""
     if not pop:
         raise ValueError("the population is empty")
-    if max_steps < 1:
-        raise ValueError(f"max_steps must be >= 1, got {max_steps}")
-    if evaluation_interval < 1:
-        raise ValueError(f"evaluation_interval must be >= 1, got {evaluation_interval}")
-    if evo_steps is not None:
+    if settings.max_steps is None:
+        raise ValueError("max_steps is required")
+    if settings.evo_steps is not None:
         if tournament is None or mutation is None:
             raise ValueError("evo_steps is set, so both tournament and mutation are required")
-        if evo_steps < evaluation_interval or evo_steps % evaluation_interval:
-            raise ValueError(f"evo_steps={evo_steps} must be a multiple of evaluation_interval="
-                             f"{evaluation_interval}: selection needs a fresh evaluation")
         size = getattr(tournament, "population_size", None)
         if size is not None and size != len(pop):
             raise ValueError(f"tournament.population_size={size} but the population has {len(pop)} members")
@@ -56,27 +51,25 @@ def validate_settings(pop: Sequence, max_steps: int, evaluation_interval: int, e
 
 
 def evolve(pop: Sequence, train_step: Callable[[list, int], dict[int, dict]],
-           evaluate: Callable[[list], list[float]], *, max_steps: int, evaluation_interval: int,
-           evo_steps: int | None = None, tournament=None, mutation=None, population: Population | None = None,
-           save_elite: bool = False, elite_path: str | Path | None = None, verbose: bool = True,
-           seed: int = 0, log: Callable[[str], None] | None = None,
-           callbacks: Sequence[Callback] = (), max_time: float | None = None,
-           max_reward: float | None = None,
-           divergence: DivergenceLimits | None = None) -> tuple[list, Population]:
+           evaluate: Callable[[list], list[float]], settings: LoopSettings | None = None, *, tournament=None,
+           mutation=None, population: Population | None = None, log: Callable[[str], None] | None = None,
+           callbacks: Sequence[Callback] = (), **options) -> tuple[list, Population]:
     """The loop itself; :func:`finetune_llm_reasoning` and ``finetune_llm_multiturn`` supply the
     ``train_step`` (returns per-member metrics) and ``evaluate`` (returns fitness per member).
-    ``callbacks`` (:class:`~evollm.training.callbacks.Callback`) are called at every step,
+    ``settings`` (:class:`~evollm.training.settings.LoopSettings`, or its fields as keywords) holds every
+    option. ``callbacks`` (:class:`~evollm.training.callbacks.Callback`) are called at every step,
     evaluation, selection and at the end. The run stops early, after a final evaluation, once
-    ``max_time`` seconds have passed, or after an evaluation whose best fitness reaches ``max_reward``. ``divergence``
-    (:class:`~evollm.training.quarantine.DivergenceLimits`, default limits when ``None``) sets when a
-    member with finite but blown-up weights, KL or loss is quarantined."""
-    validate_settings(pop, max_steps, evaluation_interval, evo_steps, tournament, mutation)
-    if max_time is not None and max_time <= 0:
-        raise ValueError(f"max_time must be > 0 seconds, got {max_time}")
+    ``max_time`` seconds have passed, or after an evaluation whose best fitness reaches ``max_reward``;
+    ``divergence`` sets when a member with finite but blown-up weights, KL or loss is quarantined.
+    (``checkpoint_dir`` and its options are read by the drivers, which add the checkpointing callback.)"""
+    s = loop_settings(settings, options, "evolve")
+    validate_settings(pop, s, tournament, mutation)
+    max_steps, evaluation_interval, evo_steps = s.max_steps, s.evaluation_interval, s.evo_steps
+    max_time, max_reward, save_elite, elite_path, seed = s.max_time, s.max_reward, s.save_elite, s.elite_path, s.seed
     run_started = time.perf_counter()
     dist.init()
     main = dist.is_main_process()  # multi-process: only the main process prints and runs callbacks
-    verbose = verbose and main
+    verbose = s.verbose and main
     callbacks = list(callbacks) if main else []
     agents = list(pop)
     record = population if population is not None else Population(agents)
@@ -92,9 +85,9 @@ def evolve(pop: Sequence, train_step: Callable[[list, int], dict[int, dict]],
         record.record_step(step + 1, metrics)
         for agent in agents:
             m = metrics.get(agent.index, {})
-            agent.scores.append(m.get("mean_reward", math.nan))
+            agent.record_score(m.get("mean_reward", math.nan))
             since_eval.setdefault(agent.index, []).append(m.get("mean_reward", math.nan))
-        check_members(agents, metrics, step + 1, log, divergence)
+        check_members(agents, metrics, step + 1, log, s.divergence)
         stop_if_none_healthy(agents, step + 1)
         done = step + 1
         state.step, state.agents = done, agents
@@ -108,7 +101,7 @@ def evolve(pop: Sequence, train_step: Callable[[list, int], dict[int, dict]],
             record.record_evaluation_time(done, time.perf_counter() - started)
             train_rewards = {a.index: _mean(since_eval.get(a.index, [])) for a in agents}
             record.record_evaluation(done, agents, fitness, train_rewards,
-                                     extra={a.index: {"quarantined": is_quarantined(a)} for a in agents})
+                                     extra={a.index: {"quarantined": a.quarantined} for a in agents})
             call(callbacks, "on_evaluation", state, fitness)
             since_eval.clear()
             best = max(fitness)
@@ -213,19 +206,16 @@ def closing_all(callbacks: Sequence):
                 cb.close()
 
 
-def run_callbacks(callbacks: Sequence[Callback], checkpoint_dir, resume: bool, checkpoint_every: int | None,
-                  keep_checkpoints: int | None, evaluation_interval: int, **components) -> list:
-    """``callbacks`` plus a :class:`~evollm.run.RunCheckpointer` when ``checkpoint_dir`` is given."""
-    if checkpoint_dir is None:
-        if resume:
-            raise ValueError("resume=True needs checkpoint_dir (the folder holding the step_N checkpoints)")
+def run_callbacks(callbacks: Sequence[Callback], settings: LoopSettings, **components) -> list:
+    """``callbacks`` plus a :class:`~evollm.run.RunCheckpointer` when ``settings.checkpoint_dir`` is given."""
+    if settings.checkpoint_dir is None:
         return list(callbacks)
     from ..run import RunCheckpointer
 
-    every = evaluation_interval if checkpoint_every is None else checkpoint_every
     # first: it restores a resumed run before other callbacks start, and saves before they act on a step
-    return [RunCheckpointer(checkpoint_dir, every, keep_checkpoints, resume=resume,
-                            log=lambda msg: tqdm.write(msg), **components), *callbacks]
+    return [RunCheckpointer(settings.checkpoint_dir, settings.checkpoint_interval(), settings.keep_checkpoints,
+                            resume=settings.resume, log=lambda msg: tqdm.write(msg), seed=settings.seed,
+                            config=settings.run_config, **components), *callbacks]
 
 
 ROLLOUT_BACKENDS = ("hf", "vllm")
@@ -247,27 +237,22 @@ def use_rollout_backend(pop: Sequence, backend: str = "hf", vllm=None) -> None:
         raise ValueError("vllm settings given but rollout_backend is 'hf'; set rollout_backend='vllm'")
 
 
-def finetune_llm_reasoning(pop: Sequence, env=None, max_steps: int | None = None, evaluation_interval: int = 10,
-                           evo_steps: int | None = None, tournament=None, mutation=None,
-                           save_elite: bool = False, elite_path: str | Path | None = None,
-                           verbose: bool = True, seed: int = 0, population: Population | None = None,
-                           callbacks: Sequence[Callback] = (), checkpoint_dir: str | Path | None = None,
-                           resume: bool = False, checkpoint_every: int | None = None,
-                           keep_checkpoints: int | None = 3, run_config: dict | None = None,
-                           max_time: float | None = None, max_reward: float | None = None,
-                           num_epochs: float | None = None, max_steps_unit: str | None = None,
-                           selection_strategy=None, rollout_backend: str = "hf", vllm=None, env_fn=None,
-                           **agilerl_kwargs) -> tuple[list, Population]:
+def finetune_llm_reasoning(pop: Sequence, env=None, settings: LoopSettings | None = None, *, tournament=None,
+                           mutation=None, population: Population | None = None, callbacks: Sequence[Callback] = (),
+                           selection_strategy=None, num_epochs: float | None = None,
+                           max_steps_unit: str | None = None, rollout_backend: str = "hf", vllm=None, env_fn=None,
+                           **options) -> tuple[list, Population]:
     """Train a population of single-turn agents (GRPO family) on a :class:`ReasoningGym`.
 
     Every step, all members answer the same prompts (one batched generate over the shared base),
     each member learns from its own completions, then the env moves to the next batch. Returns
     ``(agents, population)``: the final members and their :class:`Population` record.
 
-    With ``checkpoint_dir`` the whole run is checkpointed into ``checkpoint_dir/step_N/`` every
-    ``checkpoint_every`` steps (default: ``evaluation_interval``; 0: only at selections, on SIGINT/SIGTERM
-    and at the end), keeping the newest ``keep_checkpoints``. ``resume=True`` continues exactly from the
-    newest valid checkpoint there (``pop`` and ``env`` built as for the original run).
+    ``settings`` (:class:`~evollm.training.settings.LoopSettings`; or its fields as keywords:
+    ``max_steps``, ``evaluation_interval``, ``evo_steps``, ``checkpoint_dir``, ...) holds the loop's
+    options. With ``checkpoint_dir`` the whole run is checkpointed into ``checkpoint_dir/step_N/``
+    (``checkpoint_every``, ``keep_checkpoints``); ``resume=True`` continues exactly from the newest valid
+    checkpoint there (``pop`` and ``env`` built as for the original run).
 
     Budget: ``max_steps`` iterations (``max_steps_unit="prompts"``: AgileRL's meaning, prompts
     summed over the population), or ``num_epochs`` passes over the training set; ``max_time``
@@ -284,14 +269,17 @@ def finetune_llm_reasoning(pop: Sequence, env=None, max_steps: int | None = None
     and release; ``vllm`` takes :class:`~evollm.rollout.vllm_engine.VLLMSettings` (or a dict). The
     engine's sampled-token log-probs drive the GRPO ``sampler_correction``.
     """
+    agilerl_kwargs = {k: options.pop(k) for k in list(options) if k in AGILERL_ONLY}
+    s = loop_settings(settings, options, "finetune_llm_reasoning")
     agilerl_style = agilerl_extras(agilerl_kwargs) or selection_strategy is not None or num_epochs is not None \
-        or max_reward is not None
+        or s.max_reward is not None
     tournament = pick_selection(tournament, selection_strategy)
     env = pick_env(env, env_fn)
     if rollout_backend == "hf" and wants_vllm(pop):  # AgileRL's use_vllm=True on the members
         rollout_backend = "vllm"
-    max_steps = resolve_max_steps(max_steps, num_epochs, max_steps_unit, env.batch_size, len(pop), len(env),
-                                  agilerl_style)
+    s = s.replace(max_steps=resolve_max_steps(s.max_steps, num_epochs, max_steps_unit, env.batch_size, len(pop),
+                                              len(env), agilerl_style))
+    seed = s.seed
     use_rollout_backend(pop, rollout_backend, vllm)
     dist.init()
     n_proc = dist.num_processes()
@@ -314,7 +302,7 @@ def finetune_llm_reasoning(pop: Sequence, env=None, max_steps: int | None = None
         prompts = dist.shard(env.reset())  # multi-process: this process's share of the global batch
         seed_sampling(seed, step)
         started = time.perf_counter()
-        rollouts = generate_population([a for a in agents if not getattr(a, "quarantined", False)], prompts)
+        rollouts = generate_population(healthy(agents), prompts)
         generated = time.perf_counter()
         active = [a for a in agents if a.index in rollouts]
         experiences = []
@@ -332,12 +320,7 @@ def finetune_llm_reasoning(pop: Sequence, env=None, max_steps: int | None = None
         return with_costs(metrics, member_tokens(active, [e[1] for e in experiences]), generated - started,
                           time.perf_counter() - learnt)
 
-    callbacks = run_callbacks(callbacks, checkpoint_dir, resume, checkpoint_every, keep_checkpoints,
-                              evaluation_interval, env=env, mutation=mutation, selection=tournament, seed=seed,
-                              config=run_config)
+    callbacks = run_callbacks(callbacks, s, env=env, mutation=mutation, selection=tournament)
     with closing_all(callbacks):
-        return evolve(pop, train_step, lambda agents: evaluate_data_parallel(agents, env, evaluate_population), max_steps=max_steps,
-                      evaluation_interval=evaluation_interval, evo_steps=evo_steps, tournament=tournament,
-                      mutation=mutation, population=population, save_elite=save_elite, elite_path=elite_path,
-                      verbose=verbose, seed=seed, callbacks=callbacks, max_time=max_time,
-                      max_reward=max_reward)
+        return evolve(pop, train_step, lambda agents: evaluate_data_parallel(agents, env, evaluate_population, record=False), s,
+                      tournament=tournament, mutation=mutation, population=population, callbacks=callbacks)
