@@ -33,6 +33,7 @@ from evollm.parallel import distributed as dist
 from ..algorithms.grpo import GRPO
 from evollm.run.population import Population
 from ..rollout import Episode, EnvPool, collect_episodes, stack_episodes
+from ..rollout.population import Fitness, mean_stderr
 from ..run.measure import member_tokens, with_costs
 from .compat import AGILERL_ONLY, agilerl_extras, pick_selection
 from .data_parallel import seed_sampling
@@ -61,7 +62,10 @@ def evaluate_episodes(agents: Sequence, pool: EnvPool, seeds: Sequence[int], max
     Records the fitness in each member's history when ``record``."""
     episodes = collect_episodes(agents, pool.get(len(agents) * len(seeds)), seeds, training=False,
                                 max_turns=max_turns)
-    fitness = [sum(e.episode_return for e in episodes[a.index]) / len(seeds) for a in agents]
+    returns = [[float(e.episode_return) for e in episodes[a.index]] for a in agents]
+    fitness = Fitness([sum(r) / len(seeds) for r in returns],
+                      [mean_stderr(sum(r), sum(x * x for x in r), len(r)) for r in returns],
+                      [sum(x * x for x in r) for r in returns])
     if record:
         for agent, f in zip(agents, fitness):
             agent.record_fitness(f)
