@@ -65,6 +65,7 @@ class SharedBase:
 
     def __init__(self, model: torch.nn.Module, lora_config: LoraConfig, first_adapter: str):
         self._used_ids: dict[str, set[int]] = {}  # id space ("member", "team") -> every id ever given
+        self._computed: dict[str, object] = {}  # computed_once: facts of the frozen base
         self._released_kept: set[str] = set()  # released adapters PEFT would not delete (the last one)
         self._param_cache: dict[str, list] = {}
         self._layers: list | None = None
@@ -148,6 +149,13 @@ class SharedBase:
         """Let a saved member come back under its own ``index`` (a resumed or loaded member): the id may be
         reserved once more, by that member."""
         self._used_ids.get(space, set()).discard(int(index))
+
+    def computed_once(self, key: str, compute):
+        """``compute()`` the first time ``key`` is asked for, then the same value: facts of the frozen base
+        (e.g. its fingerprint) that never change."""
+        if key not in self._computed:
+            self._computed[key] = compute()
+        return self._computed[key]
 
     def is_live(self, adapter: str) -> bool:
         """Whether ``adapter`` exists on this base and was not released."""

@@ -357,14 +357,7 @@ def base_fingerprint(model) -> dict:
 
 def shared_fingerprint(shared) -> dict:
     """:func:`base_fingerprint` of a shared base, computed once (the base is frozen)."""
-    cached = getattr(shared, "_evollm_fingerprint", None)
-    if cached is None:
-        cached = base_fingerprint(shared.model)
-        try:
-            shared._evollm_fingerprint = cached
-        except AttributeError:
-            pass
-    return cached
+    return shared.computed_once("fingerprint", lambda: base_fingerprint(shared.model))
 
 
 def check_fingerprint(saved: dict | None, model, where: Path, live: dict | None = None) -> None:

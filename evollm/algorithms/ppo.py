@@ -151,7 +151,7 @@ class LLMPPO(EpisodeAgent):
         with torch.no_grad():
             return self.critic_values(input_ids.to(self.device), attn.to(self.device))
 
-    def _state_values(self, token_values: torch.Tensor, batch: EpisodeBatch, token_level: bool):
+    def state_values(self, token_values: torch.Tensor, batch: EpisodeBatch, token_level: bool):
         """The values the critic is trained on: per token (token level) or per turn. Returns
         ``(values, mask)``, ``[B, T]`` or ``[B, K]``."""
         if token_level:
@@ -164,12 +164,13 @@ class LLMPPO(EpisodeAgent):
         return values, batch.turn_mask()
 
     # ------------------------------------------------------------------ advantages
-    def _token_level(self, batch: EpisodeBatch) -> bool:
+    def is_token_level(self, batch: EpisodeBatch) -> bool:
+        """Whether GAE runs over action tokens for ``batch`` (action_granularity token, or auto on one turn)."""
         g = self.config.action_granularity
         return g == "token" or (g == "auto" and batch.num_turns == 1)
 
-    def _advantages(self, batch: EpisodeBatch, old_values: torch.Tensor, value_mask: torch.Tensor, token_level: bool,
-                    bootstrap: torch.Tensor | None = None):
+    def gae_advantages(self, batch: EpisodeBatch, old_values: torch.Tensor, value_mask: torch.Tensor, token_level: bool,
+                        bootstrap: torch.Tensor | None = None):
         """``(token advantages [B, T], returns, advantages)``; returns/advantages are per turn ``[B, K]``
         or per token ``[B, T]``, like ``old_values``. ``bootstrap``: ``[B]`` value after each episode's last
         turn (:func:`evollm.functional.truncation_bootstrap`: the critic's, for an episode cut short; 0 for
@@ -195,13 +196,13 @@ class LLMPPO(EpisodeAgent):
         token), ``returns`` and ``values`` (per turn ``[B, K]``, or per token at token granularity)."""
         given = episode_batch(experiences, self.pad_token_id)
         batch = common_width([given], self.pad_token_id)[0]  # a column more when an episode was cut short
-        token_level = self._token_level(batch)
+        token_level = self.is_token_level(batch)
         with torch.no_grad():
             token_values = self.critic_values(batch.input_ids.to(self.device),
                                               batch.attention_mask.to(self.device)).cpu()
-        values, vmask = self._state_values(token_values, batch, token_level)
+        values, vmask = self.state_values(token_values, batch, token_level)
         boot = F.truncation_bootstrap(token_values, batch.action_mask, batch.truncated)
-        token_adv, returns, _ = self._advantages(batch, values, vmask, token_level, boot)
+        token_adv, returns, _ = self.gae_advantages(batch, values, vmask, token_level, boot)
         width = given.action_mask.shape[1]
         if token_level:
             returns, values = returns[:, :width], values[:, :width]

@@ -134,7 +134,7 @@ class _Member:
 
     def __init__(self, agent, batch: EpisodeBatch):
         self.agent, self.batch = agent, batch
-        self.token_level = agent._token_level(batch)
+        self.token_level = agent.is_token_level(batch)
         self.old_logp = self.ref_logp = self.old_values = self.vmask = None
         self.token_adv = self.returns = None
         self.stats: dict[str, list[float]] = {k: [] for k in METRICS}
@@ -257,9 +257,9 @@ def _fixed_quantities(members: list[_Member], actors, critics, separate: bool, n
             parts["ref"].append(logprobs(reference=True))
     for i, m in enumerate(members):
         values = torch.cat([p[i] for p in parts["values"]])
-        m.old_values, m.vmask = m.agent._state_values(values, m.batch, m.token_level)
+        m.old_values, m.vmask = m.agent.state_values(values, m.batch, m.token_level)
         boot = F.truncation_bootstrap(values, m.batch.action_mask, m.batch.truncated)
-        m.token_adv, m.returns, _ = m.agent._advantages(m.batch, m.old_values, m.vmask, m.token_level, boot)
+        m.token_adv, m.returns, _ = m.agent.gae_advantages(m.batch, m.old_values, m.vmask, m.token_level, boot)
         if needs_old:
             m.old_logp = torch.cat([p[i] for p in parts["logp"]])
         if with_ref and m.agent.config.beta > 0:
@@ -293,7 +293,7 @@ def _policy_loss(m: _Member, rows: torch.Tensor, sub: EpisodeBatch, logits: torc
 def _value_loss(m: _Member, rows: torch.Tensor, sub: EpisodeBatch, hidden: torch.Tensor) -> torch.Tensor:
     """``vf_coef`` * (clipped) value loss of one member's minibatch (added to its ``loss`` metric)."""
     a, c = m.agent, m.agent.config
-    values, _ = a._state_values(head_values(a, hidden), sub, m.token_level)
+    values, _ = a.state_values(head_values(a, hidden), sub, m.token_level)
     v_loss = F.value_loss(values, m.old_values[rows], m.returns[rows], m.vmask[rows], clip=c.value_clip)
     m.stats["value_loss"].append(float(v_loss.detach()))
     m.stats["loss"][-1] += c.vf_coef * float(v_loss.detach())

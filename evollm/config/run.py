@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from evollm.config.hpo import HPOSection
+from evollm.config.hpo import HPOSection, check_ranges
 from evollm.config.schema import (
     ConfigError, Section, apply_override, check_no_effect, coerce, did_you_mean, option,
     read_yaml, resolve_paths, unknown_key_error,
@@ -283,7 +283,7 @@ class AlgorithmSection(Section):
     init_sampler: str | None = option("qmc", "Draw each founder's hpo.hp_config values with this sampler "
                                       "(scrambled-Sobol 'qmc' by default; null: identical founders). A value "
                                       "set in algorithm.hyperparameters is kept for every founder.",
-                                      choices=("random", "qmc", "tpe"), when={"hpo.hp_config": bool})
+                                      choices=("random", "qmc", "tpe"), when={"population_size": lambda n: n > 1})
 
     def finalize(self) -> None:
         if self.population_size < 1:
@@ -332,8 +332,11 @@ class TrainSection(Section):
 
     max_steps: int = option(100, "Training steps (every member answers one batch of prompts and learns once per "
                             "step; AgileRL counts prompts instead).")
-    max_time: float | None = option(None, "Wall-clock budget in seconds: the run stops after the step that "
-                                    "crosses it, with a final evaluation; null: no limit.")
+    max_time: float | None = option(None, "Time budget in seconds (on max_time_clock): the run stops after the step "
+                                    "that crosses it, with a final evaluation; null: no limit.")
+    max_time_clock: str = option("wall", "Clock of max_time (and of hpo.narrowing): 'wall' seconds, or 'cpu': this "
+                                 "process's CPU seconds over all its threads (fairer on a shared machine).",
+                                 choices=("wall", "cpu"), when={"max_time": lambda v: v is not None})
     evaluation_interval: int = option(10, "Steps between evaluations of every member on the fixed test set.")
     evo_steps: int | None = option(None, "Steps between selections (a multiple of evaluation_interval); "
                                    "null: no evolution.")
@@ -360,10 +363,6 @@ class TrainSection(Section):
         for name in ("max_steps", "evaluation_interval", "episodes_per_step", "eval_episodes"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"train.{name} must be >= 1, got {getattr(self, name)}")
-        if self.evo_steps is not None and (self.evo_steps < self.evaluation_interval
-                                           or self.evo_steps % self.evaluation_interval):
-            raise ConfigError(f"train.evo_steps={self.evo_steps} must be a multiple of train.evaluation_interval="
-                              f"{self.evaluation_interval} (selection needs a fresh evaluation)")
         if self.checkpoint_every is not None and self.checkpoint_every < 0:
             raise ConfigError(f"train.checkpoint_every must be >= 0 or null, got {self.checkpoint_every}")
         if self.keep_checkpoints is not None and self.keep_checkpoints < 1:
@@ -481,31 +480,22 @@ class RunConfig(Section):
             raise ConfigError("hpo.hp_config has no effect without train.evo_steps or algorithm.init_sampler; "
                               "set one or remove it")
         _check_evolvable(self.hpo.hp_config, self.algorithm)
+        train = self.train
+        if train.evo_steps is not None and self.hpo.selection.fitness != "train" and (
+                train.evo_steps < train.evaluation_interval or train.evo_steps % train.evaluation_interval):
+            raise ConfigError(f"train.evo_steps={train.evo_steps} must be a multiple of train.evaluation_interval="
+                              f"{train.evaluation_interval} (selection needs a fresh evaluation; or rank on training "
+                              "rewards with hpo.selection.fitness: train)")
         check_no_effect(self)
-        self._check_ranges(self.algorithm.agent_config(self.seed))
+        check_ranges(self.hp_config(), self.algorithm.agent_config(self.seed))
         if self.train.evo_steps is not None:
             self.hpo.mutation.build(self.seed)
-            self.hpo.selection.build(self.algorithm.population_size, self.seed)
+            self.hpo.narrowing.check(self.hpo.selection.build(self.algorithm.population_size, self.seed))
 
-    def _check_ranges(self, agent_config) -> None:
-        """Every bound (or choice) of an evolvable hyperparameter must be a valid value of it."""
-        for name, spec in self.hpo.hp_config.items():
-            bounds = {"choices": spec.choices} if spec.choices is not None else {"min": [spec.min], "max": [spec.max]}
-            for key, values in bounds.items():
-                for value in values:
-                    value = int(value) if spec.dtype == "int" else value
-                    if name == "lora_rank":
-                        ok, why = isinstance(value, (int, float)) and value >= 1, "a rank must be >= 1"
-                    else:
-                        trial = dataclasses.replace(agent_config)
-                        setattr(trial, name, value)
-                        try:
-                            trial.validate()
-                            ok, why = True, ""
-                        except (TypeError, ValueError) as e:
-                            ok, why = False, str(e)
-                    if not ok:
-                        raise ConfigError(f"hpo.hp_config.{name}.{key}={value!r} is not a valid {name}: {why}")
+    def hp_config(self):
+        """The search space (:meth:`HPOSection.search_space`); ``None`` when nothing evolves."""
+        alg = self.algorithm
+        return self.hpo.search_space(alg.population_size, lambda: algorithm_class(alg.name).evolvable_names(alg.agent_config()), alg.hyperparameters)
 
     def resolve_paths(self) -> None:
         """Paths the run writes, relative to ``output_dir`` unless absolute (in place)."""

@@ -151,7 +151,7 @@ def run(cfg, resume: bool, quiet: bool = False, member_values: dict | None = Non
     ``output_dir/checkpoints``), and write the report, lineage, plots and the best member."""
     import torch
 
-    from evollm.recipes.builders import build_hpo, build_model, build_task
+    from evollm.recipes.builders import build_hpo, build_model, build_narrowing, build_task
     from evollm.tasks.user import check_task
 
     dist.init()
@@ -176,6 +176,7 @@ def run(cfg, resume: bool, quiet: bool = False, member_values: dict | None = Non
     hp_config, mutation, selection = build_hpo(cfg)
     members = build_population(cfg, model, tokenizer, hp_config)
     settings = cfg.train.loop_settings(out, cfg.seed, resume=resume, run_config=run_config, verbose=not quiet)
+    settings = settings.replace(narrowing=build_narrowing(cfg), max_time_clock=cfg.train.max_time_clock)
     callbacks = run_callbacks(cfg, out) if main else []  # only the main process writes
     if member_values:  # allowed changes of algorithm.hyperparameters, set on the members once restored
         from evollm.recipes.rundir import apply_on_resume

@@ -103,7 +103,7 @@ class RunCheckpointer:
         directory: where ``step_N/`` folders go (``output_dir/checkpoints`` for ``evollm train``).
         every: steps between periodic checkpoints (0: none; selections, signals and the end still save).
         keep: newest checkpoints kept (``None``: all).
-        env, mutation, selection: objects whose ``state_dict()`` is saved and restored.
+        env, mutation, selection, narrowing: objects whose ``state_dict()`` is saved and restored.
         seed: the run seed (recorded). config: the run config as plain data (recorded).
         resume: restore the newest valid checkpoint before the first step.
         handle_signals: on SIGINT/SIGTERM finish the current step, save, and raise :class:`RunInterrupted`;
@@ -113,7 +113,7 @@ class RunCheckpointer:
     """
 
     def __init__(self, directory: str | Path, every: int = 0, keep: int | None = 3, *, env=None, mutation=None,
-                 selection=None, seed: int = 0, config: dict | None = None, resume: bool = False,
+                 selection=None, narrowing=None, seed: int = 0, config: dict | None = None, resume: bool = False,
                  handle_signals: bool = True, log: Callable[[str], None] = print,
                  stop_grace: float | None | str = "default", lock: bool = True):
         if every < 0 or (keep is not None and keep < 1):
@@ -127,7 +127,7 @@ class RunCheckpointer:
         self._alarm = None
         self._saving = False
         self.directory, self.every, self.keep = Path(directory), int(every), keep
-        self.env, self.mutation, self.selection = env, mutation, selection
+        self.env, self.mutation, self.selection, self.narrowing = env, mutation, selection, narrowing
         self.seed, self.config, self.resume = seed, config, resume
         self.handle_signals, self.log = handle_signals, log
         self.last_saved: int | None = None
@@ -191,7 +191,8 @@ class RunCheckpointer:
         def run_files(tmp: Path) -> None:
             write_run_state(tmp, step=state.step, max_steps=state.max_steps, seed=self.seed,
                             since_eval=state.since_eval, env=self.env, mutation=self.mutation,
-                            selection=self.selection, config=self.config, healthy_members=healthy)
+                            selection=self.selection, config=self.config, healthy_members=healthy,
+                            narrowing=self.narrowing)
 
         save_population(list(state.agents), state.record, folder, extra_files=run_files)
         self.last_saved = state.step
@@ -226,7 +227,7 @@ class RunCheckpointer:
         state.record.load_state_dict({k: v for k, v in population.items()
                                       if k not in ("members", "used_ids", "base_fingerprint")})
         state.record.members = list(restored)
-        restore_components(run, self.env, self.mutation, self.selection, folder)
+        restore_components(run, self.env, self.mutation, self.selection, folder, narrowing=self.narrowing)
         restore_rng(run["rng"], rng_tensors)
         state.step, state.agents = run["step"], restored
         state.since_eval = since_eval_from(run)

@@ -41,6 +41,11 @@ def validate_settings(pop: Sequence, settings: LoopSettings, tournament, mutatio
     if settings.evo_steps is not None:
         if tournament is None or mutation is None:
             raise ValueError("evo_steps is set, so both tournament and mutation are required")
+        on_train = getattr(tournament, "fitness", None) == "train"  # ranks on training rewards: no evaluation needed
+        if not on_train and (settings.evo_steps < settings.evaluation_interval
+                             or settings.evo_steps % settings.evaluation_interval):
+            raise ValueError(f"evo_steps={settings.evo_steps} must be a multiple of evaluation_interval="
+                             f"{settings.evaluation_interval}: selection needs a fresh evaluation")
         size = getattr(tournament, "population_size", None)
         if size is not None and size != len(pop):
             raise ValueError(f"tournament.population_size={size} but the population has {len(pop)} members")
@@ -59,14 +64,19 @@ def evolve(pop: Sequence, train_step: Callable[[list, int], dict[int, dict]],
     ``settings`` (:class:`~evollm.training.settings.LoopSettings`, or its fields as keywords) holds every
     option. ``callbacks`` (:class:`~evollm.training.callbacks.Callback`) are called at every step,
     evaluation, selection and at the end. The run stops early, after a final evaluation, once
-    ``max_time`` seconds have passed, or after an evaluation whose best fitness reaches ``max_reward``;
+    ``max_time`` seconds have passed on ``max_time_clock`` (``"wall"``, or ``"cpu"``: this process's CPU time,
+    all threads), or after an evaluation whose best fitness reaches ``max_reward``; ``narrowing``
+    (:class:`~evollm.hpo.narrowing.Narrowing`) drops the worst members at fixed fractions of the budget
+    (see :func:`narrow_population`);
     ``divergence`` sets when a member with finite but blown-up weights, KL or loss is quarantined.
     (``checkpoint_dir`` and its options are read by the drivers, which add the checkpointing callback.)"""
     s = loop_settings(settings, options, "evolve")
     validate_settings(pop, s, tournament, mutation)
     max_steps, evaluation_interval, evo_steps = s.max_steps, s.evaluation_interval, s.evo_steps
     max_time, max_reward, save_elite, elite_path, seed = s.max_time, s.max_reward, s.save_elite, s.elite_path, s.seed
-    run_started = time.perf_counter()
+    clock = budget_clock(s.max_time_clock)
+    run_started = clock()
+    narrowing = s.narrowing
     dist.init()
     main = dist.is_main_process()  # multi-process: only the main process prints and runs callbacks
     verbose = s.verbose and main
@@ -79,6 +89,8 @@ def evolve(pop: Sequence, train_step: Callable[[list, int], dict[int, dict]],
     agents, since_eval = list(state.agents), state.since_eval
     bar = tqdm(range(state.step, max_steps), desc="train", disable=not verbose, dynamic_ncols=True,
                initial=state.step, total=max_steps)
+    spent_before = narrowing.elapsed_s if narrowing is not None else 0.0  # budget time of earlier processes
+    on_train = getattr(tournament, "fitness", None) == "train"
     for step in bar:
         torch.manual_seed(seed + step)
         metrics = dist.reduce_metrics([a.index for a in agents], train_step(agents, step))
@@ -93,15 +105,20 @@ def evolve(pop: Sequence, train_step: Callable[[list, int], dict[int, dict]],
         state.step, state.agents = done, agents
         call(callbacks, "on_step_end", state, metrics)
         stop = None
-        if max_time is not None and time.perf_counter() - run_started >= max_time:
-            stop = f"max_time={max_time:g}s reached after {done} steps"
+        elapsed = clock() - run_started
+        if max_time is not None and elapsed >= max_time:
+            stop = f"max_time={max_time:g}s ({s.max_time_clock} clock) reached after {done} steps"
+        evaluated = False
         if done % evaluation_interval == 0 or done == max_steps or stop:
             started = time.perf_counter()
             fitness = evaluate_healthy(agents, evaluate)
+            evaluated = True
             record.record_evaluation_time(done, time.perf_counter() - started)
             train_rewards = {a.index: _mean(since_eval.get(a.index, [])) for a in agents}
+            stderr = getattr(fitness, "stderr", None) or [math.nan] * len(agents)
             record.record_evaluation(done, agents, fitness, train_rewards,
-                                     extra={a.index: {"quarantined": a.quarantined} for a in agents})
+                                     extra={a.index: {"quarantined": a.quarantined, "fitness_se": se}
+                                            for a, se in zip(agents, stderr)})
             call(callbacks, "on_evaluation", state, fitness)
             since_eval.clear()
             best = max(fitness)
@@ -114,6 +131,15 @@ def evolve(pop: Sequence, train_step: Callable[[list, int], dict[int, dict]],
         if stop:
             log(f"stopping: {stop}")
             break
+        if narrowing is not None:
+            narrowing.elapsed_s = spent_before + elapsed  # saved with checkpoints: a resumed run goes on from here
+            if done < max_steps and (evaluated or on_train):
+                agents, narrowed = narrow_population(agents, narrowing, done, max_steps, max_time, tournament,
+                                                     record, log if verbose else None)
+                if narrowed is not None:
+                    dist.agree(dist.population_digest(agents), f"the population after narrowing at step {done}")
+                    state.agents = agents
+                    call(callbacks, "on_selection", state, narrowed)
         if evo_steps is not None and done % evo_steps == 0 and done < max_steps:
             dist.sync_rng(tournament, mutation)  # one source of randomness: process 0's
             if save_elite and zero.active():
@@ -134,6 +160,67 @@ def evolve(pop: Sequence, train_step: Callable[[list, int], dict[int, dict]],
         record.best().save_checkpoint(Path(elite_path or "elite") / "final")
     call(callbacks, "on_train_end", state)
     return agents, record
+
+
+def budget_clock(kind: str) -> Callable[[], float]:
+    """Seconds on the budget's clock: ``"wall"`` (``time.perf_counter``) or ``"cpu"`` (this process's
+    CPU time over all its threads, ``time.process_time``: on a shared machine the fairer budget)."""
+    if kind == "wall":
+        return time.perf_counter
+    if kind == "cpu":
+        return time.process_time
+    raise ValueError(f"max_time_clock={kind!r} is not valid; choose 'wall' or 'cpu'")
+
+
+def narrow_population(agents: list, narrowing, step: int, max_steps: int, max_time: float | None, tournament,
+                      record: Population, log: Callable[[str], None] | None = None):
+    """Act on the milestones of ``narrowing`` the budget has reached: rank the members (by the
+    selection's score when there is a selection, else by their last fitness), keep the best, release
+    the others (adapters and optimizer state freed on the shared base) and record them as dropped.
+    Returns ``(agents, result)``; ``result`` is ``None`` when nothing was due."""
+    from evollm.hpo.narrowing import budget_fraction
+    from evollm.hpo.selection import SelectionResult
+
+    fraction = dist.broadcast_object(budget_fraction(step, max_steps, narrowing.elapsed_s, max_time))
+    due = narrowing.due(fraction)
+    if not due:
+        return agents, None
+
+    def score(agent) -> float:
+        if getattr(agent, "quarantined", False):
+            return -math.inf
+        if tournament is not None:
+            return tournament.score(agent)
+        return agent.fitness[-1] if agent.fitness else -math.inf
+
+    scores = {int(a.index): float(score(a)) for a in agents}
+    kept, dropped = narrowing.narrow(agents, lambda a: scores[int(a.index)], due)
+    if not dropped:  # already at the schedule's smallest size
+        return agents, None
+    if tournament is not None and hasattr(tournament, "resize"):
+        tournament.resize(len(kept))
+    best = max(kept, key=lambda a: (scores[int(a.index)], -int(a.index)))
+    result = SelectionResult(elite=None, population=list(kept), dropped=list(dropped), scores=scores,
+                             best_index=int(best.index))
+    stderr = {int(a.index): _stderr(tournament, a, record) for a in agents}
+    record.record_narrowing(result, step, fraction, stderr, source=getattr(tournament, "fitness", "last"))
+    for agent in dropped:
+        agent.release()
+    if log is not None:
+        log(f"narrowing at step {step} ({fraction:.0%} of the budget): kept {[a.index for a in kept]}, "
+            f"released {[a.index for a in dropped]}")
+    return list(kept), result
+
+
+def _stderr(tournament, agent, record: Population) -> float:
+    """Standard error of ``agent``'s ranking score (NaN when it cannot be told)."""
+    if tournament is None or not hasattr(tournament, "stderr"):
+        history = record.fitness_stderr(agent.index)
+        return history[-1] if history else math.nan
+    try:
+        return float(tournament.stderr(agent, record.fitness_stderr(agent.index)))
+    except ValueError:
+        return math.nan
 
 
 def _snapshot_for_checkpoints(agents: Sequence, callbacks: Sequence, state: LoopState) -> None:
@@ -160,11 +247,14 @@ def _evolve_once(agents: list, tournament, mutation, record: Population, step: i
     elite = selection_elite(result, agents)
     if save_elite is not None:  # before any mutation or release: the member that was evaluated
         save_elite(elite)
+    if hasattr(mutation, "observe"):  # the model-based explore learns from how each member did
+        mutation.observe(agents, result.scores)
+    stderr = {int(a.index): _stderr(tournament, a, record) for a in agents}
     targets = list(result.mutate)
     if getattr(mutation, "mutate_elite", False) and result.elite is not None:
         targets.append(result.elite)
     mutation.mutation(targets)
-    record.record_selection(result, step)
+    record.record_selection(result, step, stderr=stderr, source=getattr(tournament, "fitness", "last"))
     if result.elite is not None and result.elite in targets:
         record.record_mutations([result.elite], step)
     for old in result.dropped:
@@ -215,7 +305,7 @@ def run_callbacks(callbacks: Sequence[Callback], settings: LoopSettings, **compo
     # first: it restores a resumed run before other callbacks start, and saves before they act on a step
     return [RunCheckpointer(settings.checkpoint_dir, settings.checkpoint_interval(), settings.keep_checkpoints,
                             resume=settings.resume, log=lambda msg: tqdm.write(msg), seed=settings.seed,
-                            config=settings.run_config, **components), *callbacks]
+                            config=settings.run_config, narrowing=settings.narrowing, **components), *callbacks]
 
 
 ROLLOUT_BACKENDS = ("hf", "vllm")

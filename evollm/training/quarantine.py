@@ -16,6 +16,8 @@ from typing import Callable, Sequence
 
 import torch
 
+from evollm.rollout.population import Fitness
+
 
 def healthy(agents: Sequence) -> list:
     return [a for a in agents if not a.quarantined]
@@ -118,11 +120,15 @@ def evaluate_healthy(agents: Sequence, evaluate: Callable[[list], list[float]]) 
     """Fitness in the order of ``agents``: ``evaluate`` (which records nothing) for healthy members, -inf
     for quarantined ones; recorded here, once per evaluation, in every member's fitness history."""
     ok = healthy(agents)
-    scores = iter(evaluate(ok) if ok else [])
-    fitness = [-math.inf if agent.quarantined else next(scores) for agent in agents]
+    measured = evaluate(ok) if ok else []
+    scores, errors = iter(measured), iter(getattr(measured, "stderr", None) or [math.nan] * len(measured))
+    fitness, stderr = [], []
+    for agent in agents:
+        fitness.append(-math.inf if agent.quarantined else next(scores))
+        stderr.append(math.nan if agent.quarantined else next(errors))
     for agent, f in zip(agents, fitness):
         agent.record_fitness(f)
-    return fitness
+    return Fitness(fitness, stderr)
 
 
 def replace_quarantined(result, old_agents: Sequence, tournament) -> None:
@@ -131,10 +137,12 @@ def replace_quarantined(result, old_agents: Sequence, tournament) -> None:
     sick = {a.index for a in old_agents if a.quarantined}
     if not sick:
         return
-    donors = [a for a in old_agents if not a.quarantined and a.fitness]
+    scores = getattr(result, "scores", None) or {}  # the selection's ranking (held-out or training rewards)
+    score = (lambda a: scores[int(a.index)]) if scores else (lambda a: a.fitness[-1])
+    donors = [a for a in old_agents if not a.quarantined and (int(a.index) in scores if scores else a.fitness)]
     if not donors:
         raise PopulationDiverged(max((len(a.scores) for a in old_agents), default=0), old_agents)
-    donor = max(donors, key=lambda a: (a.fitness[-1], -a.index))
+    donor = max(donors, key=lambda a: (score(a), -a.index))
     for slot, agent in enumerate(list(result.population)):
         parent = result.parents.get(agent.index)
         if agent.index not in sick and parent not in sick:

@@ -33,7 +33,8 @@ class LoopSettings:
     max_steps: int | None = _opt(None, "Training steps: every member answers one batch of prompts (or plays one "
                                  "step's episodes) and learns once per step. Required.")
     evaluation_interval: int = _opt(10, "Steps between evaluations of every member on the fixed test set.")
-    evo_steps: int | None = _opt(None, "Steps between selections (a multiple of evaluation_interval); None: no "
+    evo_steps: int | None = _opt(None, "Steps between selections (a multiple of evaluation_interval unless the "
+                                 "selection ranks on training rewards); None: no "
                                  "evolution.")
     max_time: float | None = _opt(None, "Wall-clock budget in seconds: the run stops after the step that crosses "
                                   "it, with a final evaluation; None: no limit.")
@@ -55,6 +56,10 @@ class LoopSettings:
     verbose: bool = _opt(True, "Progress bar and one line per evaluation.")
     divergence: DivergenceLimits | None = _opt(None, "When a member with finite but blown-up weights, KL or loss "
                                                "is quarantined (DivergenceLimits); None: the default limits.")
+    max_time_clock: str = _opt("wall", "Clock of max_time and of the narrowing schedule: 'wall' seconds or 'cpu' "
+                               "(this process's CPU seconds over all its threads).")
+    narrowing: Any = _opt(None, "A Narrowing (evollm.hpo.narrowing): the worst members are released at fixed "
+                          "fractions of the budget (successive halving into PBT); None: the population stays whole.")
 
     def __post_init__(self) -> None:
         self.validate()
@@ -65,10 +70,8 @@ class LoopSettings:
             raise ValueError(f"max_steps must be >= 1, got {self.max_steps}")
         if self.evaluation_interval < 1:
             raise ValueError(f"evaluation_interval must be >= 1, got {self.evaluation_interval}")
-        if self.evo_steps is not None and (self.evo_steps < self.evaluation_interval
-                                           or self.evo_steps % self.evaluation_interval):
-            raise ValueError(f"evo_steps={self.evo_steps} must be a multiple of evaluation_interval="
-                             f"{self.evaluation_interval}: selection needs a fresh evaluation")
+        if self.max_time_clock not in ("wall", "cpu"):
+            raise ValueError(f"max_time_clock={self.max_time_clock!r} is not valid; choose 'wall' or 'cpu'")
         if self.max_time is not None and not self.max_time > 0:
             raise ValueError(f"max_time must be > 0 seconds, got {self.max_time}")
         if self.checkpoint_every is not None and self.checkpoint_every < 0:
