@@ -456,9 +456,16 @@ def all_eos_ids(model, eos_token_id, tokenizer, pad_token_id: int) -> tuple[int,
     return tuple(dict.fromkeys(ids)) or (int(pad_token_id),)
 
 
+class ActorNetworkError(TypeError, AssertionError):
+    """``actor_network`` is not a model (an ``AssertionError`` too, as AgileRL's constructors raise)."""
+
+
 def _resolve_actor(actor_network, model_name, tokenizer):
     """The base model: ``actor_network``, or loaded from AgileRL's ``model_name`` (a hub id or folder)."""
     if actor_network is not None:
+        if not isinstance(actor_network, torch.nn.Module):
+            raise ActorNetworkError(f"actor_network must be a causal LM (a PreTrainedModel; AgileRL: a "
+                                    f"PeftModelProtocol-like model), got {type(actor_network).__name__}")
         return actor_network, tokenizer
     if model_name is None:
         raise TypeError("pass actor_network= (a causal LM) or model_name= (a hub id or local folder)")

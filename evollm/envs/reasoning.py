@@ -395,9 +395,8 @@ class ReasoningGym:
                 start = width  # left-padded to the batch's longest prompt (get_action)
             elif group.shape[1] >= n and torch.equal(group[0, :n].cpu(), p["input_ids"][0]):
                 start = n  # this prompt alone, then the completion (AgileRL's layout)
-            else:
-                raise ValueError("completion ids do not start with their prompt (alone, or left-padded to the "
-                                 "batch's longest prompt); pass the ids returned by get_action for this batch")
+            else:  # AgileRL's contract: the first (prompt length) ids are the prompt's, whatever they hold
+                start = n
             out.append([self._decode_completion(row[start:]) for row in group])
         return out
 

@@ -7,6 +7,7 @@ initial hyperparameters (:func:`initial_population_hyperparameters`); :class:`Na
 the population as its budget is spent; :func:`default_hp_config` is the search space a user gets by
 default (LoRA learning rates).
 """
+from evollm.hpo.compat import MutationError
 from evollm.hpo.defaults import DEFAULT_RANGES, default_hp_config
 from evollm.hpo.mutation import Mutations
 from evollm.hpo.narrowing import Narrowing
@@ -19,6 +20,7 @@ __all__ = [
     "RLParameter",
     "HyperparameterConfig",
     "Mutations",
+    "MutationError",
     "MutationRecord",
     "TournamentSelection",
     "TruncationSelection",

@@ -1,12 +1,15 @@
-"""AgileRL's ``Mutations`` keywords, accepted so that AgileRL scripts run unchanged.
+"""AgileRL's ``Mutations`` and ``TournamentSelection`` arguments, accepted so that AgileRL scripts run unchanged.
 
 AgileRL mutates network architectures, weights and activations as well as RL hyperparameters.
 On an LLM population the members are LoRA adapters on one frozen base, so those kinds do not
-apply: their probabilities must be 0 (a non-zero value is an error that says so). Adapter rank is
-evolved with ``Mutations(lora_rank=...)`` instead.
+apply: as AgileRL does for LLMs, a drawn architecture mutation raises :class:`MutationError` and a
+drawn parameters/activation mutation leaves the member unchanged with a warning (a one-time note
+says so when the probabilities are set). Adapter rank is evolved with ``Mutations(lora_rank=...)``.
 """
 
 from __future__ import annotations
+
+import warnings
 
 #: AgileRL keywords that are probabilities of mutation kinds an LLM population cannot have
 NETWORK_KINDS = ("architecture", "new_layer_prob", "parameters", "activation")
@@ -14,19 +17,41 @@ NETWORK_KINDS = ("architecture", "new_layer_prob", "parameters", "activation")
 NO_EFFECT = ("mutation_sd", "activation_selection", "agent_ids", "device", "accelerator")
 
 
-def check_agilerl_mutation_options(options: dict) -> None:
-    """Accept AgileRL's extra ``Mutations`` keywords; one-line errors for anything else."""
+#: AgileRL's mutation kinds drawn on networks (``new_layer_prob`` is a sub-probability of ``architecture``)
+NETWORK_MUTATIONS = ("architecture", "parameters", "activation")
+
+
+class MutationError(RuntimeError):
+    """A mutation that cannot apply to an LLM population (AgileRL's architecture mutation)."""
+
+
+def check_agilerl_mutation_options(options: dict) -> dict[str, float]:
+    """Accept AgileRL's extra ``Mutations`` keywords (one-line errors for anything else); returns the
+    probability masses of AgileRL's network mutation kinds. A non-zero one is accepted with a note and
+    behaves as AgileRL's does on an LLM population (see :func:`network_mutation`)."""
     unknown = sorted(set(options) - set(NETWORK_KINDS) - set(NO_EFFECT))
     if unknown:
         raise TypeError(f"Mutations got unknown keyword(s) {unknown}; evollm's are no_mutation, rl_hp, "
                         f"lora_rank, explore_prob, rand_seed (AgileRL's {list(NETWORK_KINDS + NO_EFFECT)} "
                         "are accepted for compatibility)")
-    for name in NETWORK_KINDS:
-        value = options.get(name, 0)
-        if value:
-            raise ValueError(f"Mutations({name}={value!r}): network {name} mutations do not apply to LLM "
-                             f"adapters on a shared frozen base; set {name}=0 (evolve the adapter rank "
-                             "with lora_rank= instead)")
+    masses = {name: float(options.get(name) or 0.0) for name in NETWORK_MUTATIONS}
+    if any(masses.values()):
+        warnings.warn("Mutations: network mutations (architecture, parameters, activation) cannot apply to LoRA "
+                      "adapters on a shared frozen base; as in AgileRL for LLMs, an architecture draw raises "
+                      "MutationError and a parameters/activation draw leaves the member unchanged with a warning "
+                      "(evolve the adapter rank with lora_rank= instead)", UserWarning, stacklevel=3)
+    return masses
+
+
+def network_mutation(kind: str):
+    """What AgileRL does when a network mutation is drawn for an LLM member."""
+    from evollm.hpo.protocol import MutationRecord
+    if kind == "architecture":
+        raise MutationError("Architecture mutations are not supported for LLM algorithms: members are LoRA "
+                            "adapters on one frozen base (evolve lora_rank instead)")
+    warnings.warn(f"{kind.capitalize()} mutations are not supported for LLM algorithms; the member is left "
+                  "unchanged", UserWarning, stacklevel=3)
+    return MutationRecord(kind="none")
 
 
 #: AgileRL's positional order of ``Mutations(...)``

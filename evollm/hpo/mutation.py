@@ -13,7 +13,8 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from evollm.hpo.compat import agilerl_positional, check_agilerl_mutation_options, check_agilerl_values
+from evollm.hpo.compat import (NETWORK_MUTATIONS, agilerl_positional, check_agilerl_mutation_options,
+                               check_agilerl_values, network_mutation)
 from evollm.hpo.model_explore import MODEL_SAMPLERS, propose
 from evollm.hpo.parameters import LORA_RANK
 from evollm.hpo.protocol import MutationRecord
@@ -74,7 +75,8 @@ class Mutations:
             mutate_elite = given.pop("mutate_elite", mutate_elite)
             agilerl_options = {**given, **agilerl_options}
         check_agilerl_values({"no_mutation": no_mutation, "rl_hp": rl_hp, **agilerl_options})
-        check_agilerl_mutation_options(agilerl_options)
+        network = check_agilerl_mutation_options(agilerl_options)
+        self._agilerl_names(no_mutation, rl_hp, mutate_elite, agilerl_options)
         if resample_prob is not None:
             explore_prob = resample_prob
         if perturb not in ("one", "all"):
@@ -83,7 +85,7 @@ class Mutations:
         for name, p in probs.items():
             if not np.isfinite(p) or p < 0:
                 raise ValueError(f"Mutations.{name} must be a finite probability >= 0, got {p!r}")
-        total = sum(probs.values())
+        total = sum(probs.values()) + sum(network.values())
         if total <= 0:
             raise ValueError("Mutations: no_mutation, rl_hp and lora_rank are all zero; "
                              "at least one must be > 0")
@@ -103,11 +105,25 @@ class Mutations:
         self.no_mutation = no_mutation / total
         self.rl_hp = rl_hp / total
         self.lora_rank = lora_rank / total
+        self.network = {k: v / total for k, v in network.items()}
         self.explore_prob = float(explore_prob)
         self.perturb = perturb
         self.mutate_elite = bool(mutate_elite)
         self.rand_seed = rand_seed
         self.rng = np.random.default_rng(rand_seed)
+
+    def _agilerl_names(self, no_mutation, rl_hp, mutate_elite, options: dict) -> None:
+        """AgileRL's attribute names, holding the values as given."""
+        self.no_mut, self.rl_hp_mut, self.mutation_sd = no_mutation, rl_hp, options.get("mutation_sd", 0.1)
+        self.architecture_mut, self.new_layer_prob = options.get("architecture", 0), options.get("new_layer_prob", 0)
+        self.parameters_mut, self.activation_mut = options.get("parameters", 0), options.get("activation", 0)
+        self.activation_selection = options.get("activation_selection")
+        self.device, self.accelerator = options.get("device", "cpu"), options.get("accelerator")
+
+    def activation_mutation(self, agent: Any) -> Any:
+        """AgileRL's activation mutation: not for LLM members (a warning; the member is left unchanged)."""
+        agent.last_mutation = network_mutation("activation")
+        return agent
 
     def probabilities_for(self, agent: Any, pre_training_mut: bool = False) -> dict[str, float]:
         """Normalised probability of each kind (``"none"``, ``"rl_hp"``,
@@ -148,8 +164,16 @@ class Mutations:
         if config is not None:
             config.validate_for(agent)
         probs = self.probabilities_for(agent, pre_training_mut=pre_training_mut)
-        kind = KINDS[int(self.rng.choice(len(KINDS), p=[probs[k] for k in KINDS]))]
-        if kind == "rl_hp":
+        net = sum(self.network.values())
+        if net > 0:  # AgileRL's network kinds (see evollm.hpo.compat.network_mutation)
+            kinds = KINDS + NETWORK_MUTATIONS
+            p = [probs[k] * (1.0 - net) for k in KINDS] + [self.network[k] for k in NETWORK_MUTATIONS]
+            kind = kinds[int(self.rng.choice(len(kinds), p=np.asarray(p) / sum(p)))]
+        else:
+            kind = KINDS[int(self.rng.choice(len(KINDS), p=[probs[k] for k in KINDS]))]
+        if kind in NETWORK_MUTATIONS:
+            record = network_mutation(kind)
+        elif kind == "rl_hp":
             record = self._mutate_rl_hp(agent)
         elif kind == "lora_rank":
             record = self._mutate_lora_rank(agent)

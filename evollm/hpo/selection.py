@@ -61,6 +61,10 @@ class SelectionResult:
     scores: dict[int, float] = field(default_factory=dict)
     best_index: Optional[int] = None
 
+    def __iter__(self):
+        """Unpacks as AgileRL's LLM selection does: ``elite, population, indices`` (``indices`` is None)."""
+        return iter((self.elite, self.population, None))
+
 
 class _Selection:
     """Shared fitness scoring, validation, id counter and cloning."""

@@ -35,6 +35,7 @@ from evollm.run.population import Population
 from ..rollout import Episode, EnvPool, collect_episodes, stack_episodes
 from ..rollout.population import Fitness, mean_stderr
 from ..run.measure import member_tokens, with_costs
+from .compat import AGILERL_ONLY, agilerl_extras, pick_selection
 from .data_parallel import seed_sampling
 from .quarantine import healthy
 from .loop import closing_all, evolve, run_callbacks
@@ -80,7 +81,8 @@ def finetune_llm_multiturn(pop: Sequence, max_turns: int, env_factory: Callable[
                            settings: LoopSettings | None = None, *, tournament=None, mutation=None,
                            episodes_per_step: int = 16, eval_episodes: int = 64, population: Population | None = None,
                            on_evaluation: Callable[[int, list, dict], None] | None = None,
-                           callbacks: Sequence = (), **options) -> tuple[list, Population]:
+                           callbacks: Sequence = (), selection_strategy=None, max_wall_seconds=None,
+                           **options) -> tuple[list, Population]:
     """Train a population on a multi-turn environment.
 
     Args:
@@ -98,8 +100,14 @@ def finetune_llm_multiturn(pop: Sequence, max_turns: int, env_factory: Callable[
         on_evaluation: optional ``callback(step, agents, episodes_by_member)`` after each evaluation
             (e.g. to log success rates).
 
-    Returns ``(agents, population)`` like the reasoning loop.
+    Returns ``(agents, population)`` like the reasoning loop. AgileRL's ``selection_strategy``
+    (``tournament``), ``max_wall_seconds`` (``max_time``), ``init_hp``, ``wb`` and ``accelerator`` are
+    accepted (see :mod:`evollm.training.compat`).
     """
+    agilerl_extras({k: options.pop(k) for k in list(options) if k in AGILERL_ONLY})
+    tournament = pick_selection(tournament, selection_strategy)
+    if max_wall_seconds is not None:
+        options.setdefault("max_time", max_wall_seconds)
     s = loop_settings(settings, options, "finetune_llm_multiturn")
     seed = s.seed
     if max_turns < 1 or episodes_per_step < 1 or eval_episodes < 1:

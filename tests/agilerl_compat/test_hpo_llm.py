@@ -15,11 +15,10 @@ import pytest
 import torch
 
 from evollm import GRPO, HyperparameterConfig, Mutations, RLParameter, TournamentSelection
+from evollm.hpo import MutationError
 
 from .helpers import lora_config, tiny_model
 
-NETWORK = ("network mutation probabilities must be 0: members are LoRA adapters on one frozen base, so evollm "
-           "refuses them when Mutations is built (AgileRL warns or raises at mutation time)")
 
 
 @pytest.fixture
@@ -36,11 +35,24 @@ def create_population(hp_config, size=2):
 
 
 class TestMutationsInit:
-    @pytest.mark.xfail(strict=True, raises=ValueError, reason=NETWORK)
     def test_constructor_initializes_attributes(self):
-        mutations = Mutations(0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, ["ReLU", "Sigmoid"], True, 12345, "cpu", None)
+        no_mutation, architecture, new_layer_prob, parameters, activation, rl_hp = 0.1, 0.2, 0.3, 0.4, 0.5, 0.6
+        mutation_sd, activation_selection, mutate_elite, rand_seed = 0.7, ["ReLU", "Sigmoid"], True, 12345
+        device, accelerator = "cpu", None
+        mutations = Mutations(no_mutation, architecture, new_layer_prob, parameters, activation, rl_hp, mutation_sd,
+                              activation_selection, mutate_elite, rand_seed, device, accelerator)
         assert mutations.rng is not None
-        assert mutations.no_mut == 0.1
+        assert mutations.no_mut == no_mutation
+        assert mutations.architecture_mut == architecture
+        assert mutations.new_layer_prob == new_layer_prob
+        assert mutations.parameters_mut == parameters
+        assert mutations.activation_mut == activation
+        assert mutations.rl_hp_mut == rl_hp
+        assert mutations.mutation_sd == mutation_sd
+        assert mutations.activation_selection == activation_selection
+        assert mutations.mutate_elite == mutate_elite
+        assert mutations.device == device
+        assert mutations.accelerator == accelerator
 
     def test_raises_for_negative_no_mutation(self):
         with pytest.raises(AssertionError, match="greater than or equal to zero"):
@@ -71,7 +83,6 @@ class TestMutationsLLM:
         for agent in mutated_population + population:
             agent.clean_up()
 
-    @pytest.mark.xfail(strict=True, raises=ValueError, reason=NETWORK)
     @pytest.mark.parametrize("mutation_type", ["architecture", "parameters", "activation"])
     def test_warns_on_llm_algorithm(self, grpo_hp_config, mutation_type):
         population = create_population(grpo_hp_config)
@@ -80,20 +91,32 @@ class TestMutationsLLM:
                               1 if mutation_type == "parameters" else 0, 1 if mutation_type == "activation" else 0,
                               0, 0.1, device="cpu", accelerator=None)
         new_population = [agent.clone(wrap=False) for agent in population]
-        with pytest.warns(UserWarning, match="mutations are not supported"):
-            mutated_population = mutations.mutation(new_population, False)
+        if mutation_type == "architecture":
+            with pytest.raises(MutationError):
+                mutations.mutation(new_population, False)
+            mutated_population = new_population
+            for individual in mutated_population:
+                individual.mut = "None"
+        else:
+            with pytest.warns(UserWarning, match="mutations are not supported"):
+                mutated_population = mutations.mutation(new_population, False)
+        assert len(mutated_population) == len(population)
         for old, individual in zip(population, mutated_population, strict=False):
             assert old.mut is None
             assert individual.mut == "None"
+        for agent in mutated_population + population:
+            agent.clean_up()
 
-    @pytest.mark.xfail(strict=True, raises=ValueError, reason=NETWORK)
     def test_warns_for_llm_algorithms(self, grpo_hp_config):
         pop = create_population(grpo_hp_config, size=1)
         muts = Mutations(0, 0, 0, 0, 1, 0, 0.1, device="cpu", accelerator=None)
         agent = pop[0].clone(wrap=False)
-        with pytest.warns(UserWarning, match="Activation mutations are not supported for LLM algorithms"):
-            out = muts.activation_mutation(agent)
-        assert out.mut == "None"
+        try:
+            with pytest.warns(UserWarning, match="Activation mutations are not supported for LLM algorithms"):
+                out = muts.activation_mutation(agent)
+            assert out.mut == "None"
+        finally:
+            agent.clean_up()
 
 
 class TestTournamentSelectionInit:
@@ -111,8 +134,6 @@ class TestTournamentSelectionInit:
 
 
 class TestTournamentSelectionLLM:
-    @pytest.mark.xfail(strict=True, reason="select() returns a SelectionResult (elite, population, parents, mutate, "
-                                           "dropped, scores), not AgileRL's (elite, population, indices) tuple")
     def test_language_model_tournament(self):
         tournament_selection = TournamentSelection(3, True, 4)
         model, tok = tiny_model()

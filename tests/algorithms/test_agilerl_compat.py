@@ -71,14 +71,15 @@ def test_agilerl_only_keywords_are_checked(tiny, arithmetic_env):
                                selection_strategy=TournamentSelection(1))
 
 
-def test_mutations_accept_agilerl_signature_and_reject_network_mutations():
+def test_mutations_accept_agilerl_signature_and_network_kinds_act_as_agilerl_does_for_llms():
     from evollm import Mutations
 
     m = Mutations(no_mutation=0.4, architecture=0, new_layer_prob=0, parameters=0, activation=0, rl_hp=0.6,
                   mutation_sd=0.1, rand_seed=1, device="cuda")
     assert (m.no_mutation, m.rl_hp) == pytest.approx((0.4, 0.6))
-    with pytest.raises(ValueError, match="Mutations\\(architecture=0.2\\).*set architecture=0"):
-        Mutations(no_mutation=0.4, architecture=0.2, rl_hp=0.4)
+    with pytest.warns(UserWarning, match="network mutations .* cannot apply to LoRA adapters"):
+        m = Mutations(no_mutation=0.4, architecture=0.2, rl_hp=0.4)
+    assert m.network["architecture"] == pytest.approx(0.2) and m.no_mutation == pytest.approx(0.4)
     with pytest.raises(TypeError, match="unknown keyword\\(s\\) \\['rl_hpp'\\]"):
         Mutations(rl_hpp=0.5)
 

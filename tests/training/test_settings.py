@@ -21,7 +21,7 @@ def test_every_option_has_help_and_a_line_in_the_description():
 @pytest.mark.parametrize("options, message", [
     ({"max_steps": 0}, "max_steps must be >= 1, got 0"),
     ({"evaluation_interval": 0}, "evaluation_interval must be >= 1"),
-    ({"evaluation_interval": 3, "evo_steps": 2}, "evo_steps=2 must be a multiple of evaluation_interval=3"),
+    ({"max_time_clock": "gpu"}, "max_time_clock='gpu' is not valid"),
     ({"max_time": 0}, "max_time must be > 0 seconds"),
     ({"checkpoint_every": -1}, "checkpoint_every must be >= 0"),
     ({"keep_checkpoints": 0}, "keep_checkpoints must be >= 1"),
@@ -83,3 +83,16 @@ def test_a_settings_object_and_keywords_run_the_same_loop(tiny):
         for a in agents:
             a.release()
     assert runs[0] == runs[1] and runs[0][2] == 4
+
+
+def test_selection_needs_a_fresh_evaluation_unless_it_ranks_on_training_rewards():
+    from evollm.hpo import Mutations, TournamentSelection
+    from evollm.training.loop import validate_settings
+
+    class Member:
+        shared = object()
+
+    settings = LoopSettings(max_steps=6, evaluation_interval=3, evo_steps=2)
+    with pytest.raises(ValueError, match="evo_steps=2 must be a multiple of evaluation_interval=3"):
+        validate_settings([Member(), Member()], settings, TournamentSelection(2, fitness="last"), Mutations())
+    validate_settings([Member(), Member()], settings, TournamentSelection(2, fitness="train"), Mutations())
