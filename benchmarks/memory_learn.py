@@ -1,6 +1,6 @@
 """Peak memory per member of the population learn step: fused (one routed pass), member by member,
 and the default (members fuse only while their activations are small against their state, see
-``evollm.algorithms.grpo.member_chunks``), with the CPU time of the step.
+``evollm.algorithms.memory_plan.member_chunks``), with the CPU time of the step.
 
     python benchmarks/memory_learn.py --sizes 1 2 4 8 [--tensors]
 

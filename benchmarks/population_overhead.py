@@ -6,10 +6,11 @@
 Both arms run in one process, interleaved step by step (pairs; the order alternates), on the same
 prompts: the population samples ``group_size`` completions of ``prompts`` prompts per member (one
 batched generate, ``generate_population``) and learns (``GRPO.learn_population``); the single agent
-samples the same prompts N times over (N x prompts prompts, so N x the rows) and learns once from all
-of them. Each step is timed with the main thread's CPU time (``time.thread_time``, 1 torch thread) and
-wall time; the ratio population / single is taken per pair and the median reported (whole step, its
-generation and its learn). Target: ratio <= 1. Models: the 1.2M-parameter Llama of ``vs_trl.py``
+samples N x prompts distinct prompts (its first ``prompts`` are the population's; N x the rows, and no
+prompt repeated, which its shared-prompt forward would compute once) and learns once from all of them.
+Each step is timed with the main thread's CPU time (``time.thread_time``, 1 torch thread) and wall time;
+the ratio population / single is taken per pair and the median reported (whole step, its generation and
+its learn). Target: ratio <= 1. Models: the 1.2M-parameter Llama of ``vs_trl.py``
 (arithmetic prompts, 4 new tokens) or SmolLM2-135M-Instruct (the chat shape of ``vs_trl.py --prompt chat``).
 """
 
@@ -80,7 +81,7 @@ def main(argv=None) -> dict:
 
     def step_single(batch):
         clock = Clock()
-        rollout = single.rollout(batch * n)
+        rollout = single.rollout(batch)
         completions, masks = rollout.per_prompt()
         rewards = score(completions, rollout.prompt_len)
         gen = clock.stop()
@@ -90,10 +91,10 @@ def main(argv=None) -> dict:
     rows = {"population": [], "single": []}
     info = {}
     for step in range(args.warmup + args.steps):
-        batch = [prompts[(step * p + i) % len(prompts)] for i in range(p)]
+        batch = [prompts[(step * n * p + i) % len(prompts)] for i in range(n * p)]
         order = [("population", step_population), ("single", step_single)]
         for name, fn in (order if step % 2 else order[::-1]):
-            total, gen, metrics = fn(batch)
+            total, gen, metrics = fn(batch[:p] if name == "population" else batch)
             info[name] = {k: metrics.get(k) for k in ("learn_path", "learn_chunks", "shared_prompt")}
             if step >= args.warmup:
                 rows[name].append({"step": total, "generation": gen})

@@ -26,8 +26,9 @@ _EXPORTS = {
     "ReasoningGym": "evollm.envs.reasoning", "TokenObservationWrapper": "evollm.envs.multiturn",
     "Mutations": "evollm.hpo", "TournamentSelection": "evollm.hpo", "TruncationSelection": "evollm.hpo",
     "HyperparameterConfig": "evollm.hpo", "RLParameter": "evollm.hpo",
-    "finetune_llm_reasoning": "evollm.training", "finetune_llm_multiturn": "evollm.training",
-    "load_model": "evollm.models.loading", "load_smollm2": "evollm.models.loading",
+    "finetune_llm_reasoning": "evollm.training", "LoopSettings": "evollm.training",
+    "finetune_llm_multiturn": "evollm.training", "load_model": "evollm.models.loading",
+    "VLLMConfig": "evollm.algorithms.compat", "load_smollm2": "evollm.models.loading",
 }
 
 __all__ = ["Population", "__version__", *_EXPORTS]

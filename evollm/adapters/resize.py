@@ -120,7 +120,7 @@ def resize_member(agent, rank: int) -> None:
     if kinds == {"same"}:
         return
     old_fresh = getattr(agent.optimizer, FRESH_ATTR, {})
-    agent.optimizer = agent._build_optimizer()
+    agent.reinit_optimizers()
     new_params = [p for g in agent.optimizer.param_groups for p in g["params"]]
     state = {"param_groups": old_state["param_groups"], "state": {}}
     fresh: dict[int, list] = {}

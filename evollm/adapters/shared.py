@@ -64,7 +64,8 @@ class SharedBase:
     """
 
     def __init__(self, model: torch.nn.Module, lora_config: LoraConfig, first_adapter: str):
-        self._used_ids: set[int] = set()
+        self._used_ids: dict[str, set[int]] = {}  # id space ("member", "team") -> every id ever given
+        self._computed: dict[str, object] = {}  # computed_once: facts of the frozen base
         self._released_kept: set[str] = set()  # released adapters PEFT would not delete (the last one)
         self._param_cache: dict[str, list] = {}
         self._layers: list | None = None
@@ -121,17 +122,44 @@ class SharedBase:
             shared = _REGISTRY.get(model.get_base_model())
         return shared
 
-    def reserve_index(self, index: int | None = None) -> int:
-        """A member id never used before on this base (or claim ``index``, which must be new)."""
+    def reserve_index(self, index: int | None = None, space: str = "member") -> int:
+        """An id never used before on this base in ``space`` (``"member"``: members and the agents of
+        teams; ``"team"``: teams), or claim ``index``, which must be new there."""
+        used = self._used_ids.setdefault(space, set())
         if index is None:
-            index = max(self._used_ids, default=-1) + 1
-        elif index in self._used_ids:
-            raise ValueError(f"member id {index} was already used on this shared base; ids are never reused")
-        self._used_ids.add(int(index))
+            index = max(used, default=-1) + 1
+        elif index in used:
+            raise ValueError(f"{space} id {index} was already used on this shared base; ids are never reused")
+        used.add(int(index))
         return int(index)
 
-    def next_index(self) -> int:
-        return max(self._used_ids, default=-1) + 1
+    def next_index(self, space: str = "member") -> int:
+        """The id :meth:`reserve_index` would give next in ``space``."""
+        return max(self._used_ids.get(space, ()), default=-1) + 1
+
+    def used_indices(self, space: str = "member") -> list[int]:
+        """Every id given in ``space`` on this base, sorted (saved with a population checkpoint)."""
+        return sorted(self._used_ids.get(space, ()))
+
+    def mark_used(self, indices, space: str = "member") -> None:
+        """Record ``indices`` as given in ``space`` (a restored population's ids: never given again)."""
+        self._used_ids.setdefault(space, set()).update(int(i) for i in indices)
+
+    def return_index(self, index: int, space: str = "member") -> None:
+        """Let a saved member come back under its own ``index`` (a resumed or loaded member): the id may be
+        reserved once more, by that member."""
+        self._used_ids.get(space, set()).discard(int(index))
+
+    def computed_once(self, key: str, compute):
+        """``compute()`` the first time ``key`` is asked for, then the same value: facts of the frozen base
+        (e.g. its fingerprint) that never change."""
+        if key not in self._computed:
+            self._computed[key] = compute()
+        return self._computed[key]
+
+    def is_live(self, adapter: str) -> bool:
+        """Whether ``adapter`` exists on this base and was not released."""
+        return self.has_adapter(adapter) and adapter not in self._released_kept
 
     # ------------------------------------------------------------------ adapters
     @property

@@ -2,8 +2,9 @@
 hyperparameters held in a dataclass.
 
 Algorithms (GRPO, LLMPPO, LLMREINFORCE) subclass :class:`LLMAgent` and implement
-``learn``; everything a population needs (clone, hyperparameter mutation, hooks,
-ids, release) lives here.
+``learn``; what every member has (history, hooks, clone bookkeeping, release, the quarantine
+flag, founders) is :class:`~evollm.algorithms.member.Member`; the adapters, optimizer and
+hyperparameter plumbing of an LLM member live here.
 """
 
 from __future__ import annotations
@@ -12,8 +13,8 @@ import copy
 import dataclasses
 import math
 import warnings
-from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, Sequence
 
 import torch
 from peft import LoraConfig
@@ -26,6 +27,8 @@ from ..rollout import SamplingConfig, collate_prompts, eos_ids, forward_logprobs
 from ..rollout.sampling import check_extra
 from .compat import AgileRLMethods, note_once, translate
 from .clip import CLIP_NAMES, check_clip, clip_range, get_clip, set_clip
+from .member import Member, MutationHookError  # noqa: F401  (MutationHookError re-exported)
+from ..utils.fields import documented
 
 _NO_ZERO = ("does not support DeepSpeed ZeRO: its optimizer is not built with evollm.parallel.zero.wrap; launch it without "
             "a DeepSpeed config")
@@ -48,33 +51,47 @@ class AgentConfig:
       dropout and the base model's own), so the importance ratio is exactly 1 before an update.
     """
 
-    lr: float = 5e-5
-    batch_size: int = 16
-    update_epochs: int = 1
-    max_grad_norm: float | None = 1.0
-    beta: float = 0.0
-    #: alias of the clip offsets: a float ``c`` sets ``clip_low = clip_high = c``; a tuple ``(a, b)`` sets
-    #: ``clip_low = a``, ``clip_high = b`` (offsets, as TRL's epsilon / epsilon_high); None: the default
-    clip_coef: float | tuple[float, float] | None = 0.2
-    #: lower clip offset: ratio >= ``1 - clip_low``; ``None``: from ``clip_coef`` (wins over it when set)
-    clip_low: float | None = None
-    #: upper clip offset: ratio <= ``1 + clip_high`` (DAPO's clip-higher); ``None``: from ``clip_coef``
-    clip_high: float | None = None
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    max_output_tokens: int = 32
-    max_model_len: int | None = None
-    logprob_chunk_rows: int | None = None  # None: as many rows as fit logits_budget_mb
-    logits_budget_mb: float = 256.0  # memory one forward's logits (and a fused learn pass's activations) may take
-    #: members per fused learn pass; None: one by one, unless a member's activations are small (below half its
-    #: adapter + Adam state, or < 16 MiB), then as many as fit logits_budget_mb (see grpo.member_chunks)
-    learn_chunk_members: int | None = None
-    weight_decay: float = 0.0
-    seed: int = 42
-    stop_strings: tuple[str, ...] = ()
-    generation_overrides: dict = field(default_factory=dict)
-    disable_dropout: bool = True
+    lr: float = documented(5e-5, "AdamW learning rate of the member's adapter.")
+    batch_size: int = documented(16, "Rows (completions or episodes) per minibatch of an update.")
+    update_epochs: int = documented(1, "Passes over the step's experience per update.")
+    target_kl: float | None = documented(None, "Stop an update's epochs early: after an epoch whose mean approx_kl "
+                                         "(the policy's KL from the sampling policy) exceeds it, no further epochs "
+                                         "run; None: always update_epochs.")
+    max_grad_norm: float | None = documented(1.0, "Gradient norm clip per optimizer step; None: no clipping.")
+    beta: float = documented(0.0, "Weight of the k3 KL penalty to the reference policy (the base with every adapter "
+                             "disabled); 0: no reference forward runs.")
+    clip_coef: float | tuple[float, float] | None = documented(
+        0.2, "Alias of the clip offsets: a float c sets clip_low = clip_high = c; a tuple (a, b) sets clip_low = a, "
+        "clip_high = b (offsets, as TRL's epsilon / epsilon_high); None: the algorithm's default.")
+    clip_low: float | None = documented(None, "Lower clip offset: the importance ratio is kept >= 1 - clip_low; "
+                                        "None: from clip_coef (wins over it when set).")
+    clip_high: float | None = documented(None, "Upper clip offset: the ratio is kept <= 1 + clip_high (DAPO's "
+                                         "clip-higher); None: from clip_coef (wins over it when set).")
+    temperature: float = documented(1.0, "Sampling temperature; the loss scores log_softmax(logits / temperature), "
+                                    "so the sampled policy is the trained one.")
+    top_p: float = documented(1.0, "Nucleus sampling; 1.0: off. An opt-in that warns: the loss does not model the "
+                              "truncation.")
+    top_k: int = documented(0, "Top-k sampling; 0: off. An opt-in that warns: the loss does not model the "
+                            "truncation.")
+    max_output_tokens: int = documented(32, "Longest completion (new tokens) per sample.")
+    max_model_len: int | None = documented(None, "Longest prompt + completion the member may see; None: no limit.")
+    logprob_chunk_rows: int | None = documented(None, "Rows per log-prob forward; None: as many as fit "
+                                                "logits_budget_mb.")
+    logits_budget_mb: float = documented(256.0, "Memory (MiB) one forward's logits, and a fused learn pass's "
+                                         "activations, may take.")
+    learn_chunk_members: int | None = documented(
+        None, "Members per fused learn pass; None: one by one, unless a member's activations are small (below half "
+        "its adapter + Adam state, or < 16 MiB), then as many as fit logits_budget_mb (see memory_plan.member_chunks).")
+    weight_decay: float = documented(0.0, "AdamW weight decay.")
+    seed: int = documented(42, "Seed of the member's own randomness (minibatch shuffling).")
+    stop_strings: tuple[str, ...] = documented((), "Strings that end a completion like an eos (needs tokenizer= on "
+                                               "the member).")
+    generation_overrides: dict = documented({}, "Other transformers.GenerationConfig fields (e.g. "
+                                            "{'repetition_penalty': 1.1}); an opt-in that warns: the loss does not "
+                                            "model them.")
+    disable_dropout: bool = documented(True, "Every forward that samples or feeds a loss runs with dropout off (LoRA "
+                                       "dropout and the base model's own), so the ratio is exactly 1 before an "
+                                       "update.")
 
     def validate(self) -> None:
         """Reject values no run can use (one line naming the field); subclasses call this first."""
@@ -91,6 +108,8 @@ class AgentConfig:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
         if not _integer(self.top_k) or self.top_k < 0:
             raise ValueError(f"top_k must be an integer >= 0 (0: off), got {self.top_k!r}")
+        if self.target_kl is not None and not (_finite(self.target_kl) and self.target_kl > 0):
+            raise ValueError(f"target_kl must be > 0 or None (no early stop), got {self.target_kl!r}")
         if not (_finite(self.beta) and self.beta >= 0):
             raise ValueError(f"beta must be >= 0, got {self.beta!r}")
         if self.max_grad_norm is not None and not (_finite(self.max_grad_norm) and self.max_grad_norm > 0):
@@ -135,11 +154,7 @@ def build_config(config_cls, config, overrides: dict) -> Any:
     return cfg
 
 
-class MutationHookError(ValueError):
-    """A user's mutation hook raised (the message names the hook and the member)."""
-
-
-class LLMAgent(AgileRLMethods):
+class LLMAgent(Member, AgileRLMethods):
     """Base class of every algorithm. Not used directly. AgileRL's constructor keywords and methods
     are accepted too (see :mod:`evollm.algorithms.compat`)."""
 
@@ -188,17 +203,16 @@ class LLMAgent(AgileRLMethods):
             for role in self.ROLES:  # a refused member leaves nothing on the shared base
                 self.shared.delete_adapter(self.adapter_name(role))
             raise ValueError(f"{type(self).__name__} {_NO_ZERO}")
-        self.hp_config = hp_config
-        if hp_config is not None and hasattr(hp_config, "validate_for"):
-            hp_config.validate_for(self)
-        self.fitness: list[float] = []
-        self.scores: list[float] = []
-        self.parent_index: int | None = None  # the member this one was cloned from
-        self.steps: int = 0
-        self.mutation_hooks: list[Callable] = []
-        self.last_mutation = None
-        self.released = False
+        self._init_member(hp_config)
         self.__dict__.update(agilerl_extras)
+
+    @classmethod
+    def _founders_base(cls, actor_network, kwargs: dict):
+        """The founders' base: ``actor_network``, or loaded once from AgileRL's ``model_name=`` (then shared)."""
+        if actor_network is None:
+            actor_network, tok = _resolve_actor(None, kwargs.pop("model_name", None), kwargs.get("tokenizer"))
+            kwargs.setdefault("tokenizer", tok)
+        return actor_network
 
     # ------------------------------------------------------------------ identity
     def adapter_name(self, role: str = "actor") -> str:
@@ -232,17 +246,28 @@ class LLMAgent(AgileRLMethods):
         """Create non-adapter trainable modules (e.g. PPO's value head)."""
 
     def _extra_parameters(self) -> dict[str, list[torch.nn.Parameter]]:
+        """Hook: the member's trainable tensors outside its adapters, by module (e.g. ``value_head``)."""
         return {}
 
+    def extra_parameters(self) -> dict[str, list[torch.nn.Parameter]]:
+        """The member's trainable tensors outside its adapters, by module (e.g. PPO's ``value_head``)."""
+        return self._extra_parameters()
+
+    def trainable_parameters(self) -> list[torch.Tensor]:
+        """Every tensor the member trains: its adapters' and its extra modules'."""
+        params = [p for role in self.ROLES for p in self.shared.parameters(self.adapter_name(role))]
+        return params + [p for group in self.extra_parameters().values() for p in group]
+
     def _param_groups(self) -> list[dict]:
-        """One optimizer param group per role, so each can carry its own learning rate."""
+        """One optimizer param group per role, so each can carry its own learning rate: the one route from
+        the config's learning rate(s) to the optimizer (set again in place by ``_apply_hyperparameter``)."""
         groups = [{"name": "actor", "params": self.shared.parameters(self.adapter_name("actor")),
                    "lr": self.config.lr}]
         return groups
 
     def _build_optimizer(self) -> torch.optim.Optimizer:
         # under a DeepSpeed ZeRO launch the AdamW goes into the member's own engine (evollm.parallel.zero)
-        return zero.wrap(build_adamw(self._param_groups(), lr=self.config.lr, weight_decay=self.config.weight_decay),
+        return zero.wrap(build_adamw(self._param_groups(), weight_decay=self.config.weight_decay),
                          self.config.max_grad_norm, self.__dict__.get("optimizer"))
 
     def reinit_optimizers(self) -> None:
@@ -250,8 +275,13 @@ class LLMAgent(AgileRLMethods):
         self.optimizer = self._build_optimizer()
 
     # ------------------------------------------------------------------ hyperparameters
+    @classmethod
+    def evolvable_names(cls, config=None) -> tuple[str, ...]:
+        """Hyperparameter names a member of this class can evolve (``lora_rank`` included)."""
+        return tuple(cls.MUTABLE) + ("lora_rank",)
+
     def mutable_hyperparameters(self) -> tuple[str, ...]:
-        return tuple(self.MUTABLE) + ("lora_rank",)
+        return self.evolvable_names(self.config)
 
     def get_hyperparameter(self, name: str):
         if name == "lora_rank":
@@ -303,19 +333,6 @@ class LLMAgent(AgileRLMethods):
         resize_member(self, rank)
 
     # ------------------------------------------------------------------ population methods
-    def register_mutation_hook(self, hook: Callable) -> None:
-        """``hook(agent)`` runs after every mutation and clone; hooks are inherited by clones."""
-        self.mutation_hooks.append(hook)
-
-    def run_mutation_hooks(self) -> None:
-        for hook in self.mutation_hooks:
-            try:
-                hook(self)
-            except Exception as e:  # noqa: BLE001 - re-raised naming the hook and the member
-                name = getattr(hook, "__qualname__", None) or type(hook).__name__
-                raise MutationHookError(f"mutation hook {name} raised {type(e).__name__}: {e} on member "
-                                        f"{self.index}") from e
-
     def clone(self, index: int | None = None, wrap: bool = True) -> "LLMAgent":
         """A new member on the same base: in-memory copies of the adapters, extra modules and
         optimizer state; copied hyperparameters and hooks. The clone starts with an EMPTY fitness
@@ -332,17 +349,15 @@ class LLMAgent(AgileRLMethods):
                 for dst, src in zip(new._extra_parameters()[key], params):
                     dst.copy_(src)
         copy_attributes(self, new)
-        new.fitness, new.scores, new.parent_index = [], [], self.index
+        self._start_clone(new)
         new.optimizer = new._build_optimizer()
         new.optimizer.load_state_dict(_clone_optimizer_state(self.optimizer.state_dict()))
         from ..adapters.resize import carry_fresh_directions
         carry_fresh_directions(self.optimizer, new.optimizer)
         return new
 
-    def release(self) -> None:
+    def _free(self) -> None:
         """Free this member's adapters and optimizer state (the shared base is untouched)."""
-        if self.released:
-            return
         from ..rollout.vllm_engine import engine_of
         engine = engine_of(self.shared)
         if engine is not None:  # rollout_backend="vllm": the engine drops the member's LoRA id too
@@ -352,7 +367,6 @@ class LLMAgent(AgileRLMethods):
         for role in self.ROLES:
             self.shared.delete_adapter(self.adapter_name(role))
         self.optimizer = None
-        self.released = True
 
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self, path, lora_only: bool = True, save_optimizer: bool = True) -> None:
@@ -442,9 +456,16 @@ def all_eos_ids(model, eos_token_id, tokenizer, pad_token_id: int) -> tuple[int,
     return tuple(dict.fromkeys(ids)) or (int(pad_token_id),)
 
 
+class ActorNetworkError(TypeError, AssertionError):
+    """``actor_network`` is not a model (an ``AssertionError`` too, as AgileRL's constructors raise)."""
+
+
 def _resolve_actor(actor_network, model_name, tokenizer):
     """The base model: ``actor_network``, or loaded from AgileRL's ``model_name`` (a hub id or folder)."""
     if actor_network is not None:
+        if not isinstance(actor_network, torch.nn.Module):
+            raise ActorNetworkError(f"actor_network must be a causal LM (a PreTrainedModel; AgileRL: a "
+                                    f"PeftModelProtocol-like model), got {type(actor_network).__name__}")
         return actor_network, tokenizer
     if model_name is None:
         raise TypeError("pass actor_network= (a causal LM) or model_name= (a hub id or local folder)")

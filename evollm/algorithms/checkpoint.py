@@ -28,10 +28,10 @@ from pathlib import Path
 
 import torch
 from peft import LoraConfig
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from evollm.adapters.resize import FRESH_ATTR, track_fresh_directions
-from evollm.utils.atomic import CheckpointError, atomic_folder, jsonable, verify
+from evollm.utils.atomic import CheckpointError, atomic_folder, jsonable, save_tensors, verify
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 
@@ -48,7 +48,7 @@ def save_adapter(shared, adapter_name: str, directory: Path) -> None:
     config.inference_mode = True
     config.save_pretrained(str(directory))
     state = {k: v.contiguous() for k, v in shared.state_dict(adapter_name).items()}
-    save_file(state, str(directory / ADAPTER_WEIGHTS), metadata={"format": "pt"})
+    save_tensors(state, directory / ADAPTER_WEIGHTS, metadata={"format": "pt"})
 
 
 def read_adapter(directory: Path) -> tuple[LoraConfig, dict[str, torch.Tensor]]:
@@ -187,11 +187,11 @@ def write_agent(agent, path: Path) -> Path:
     for role in agent.ROLES:
         save_adapter(agent.shared, agent.adapter_name(role), path / role_dir(role))
     extra = {f"{key}.{i}": p.detach().contiguous().clone()
-             for key, params in agent._extra_parameters().items() for i, p in enumerate(params)}
+             for key, params in agent.extra_parameters().items() for i, p in enumerate(params)}
     if extra:
-        save_file(extra, str(path / "modules.safetensors"))
+        save_tensors(extra, str(path / "modules.safetensors"))
     tensors, meta = optimizer_to_safetensors(agent.optimizer)
-    save_file(tensors, str(path / "optimizer.safetensors"))
+    save_tensors(tensors, str(path / "optimizer.safetensors"))
     (path / "optimizer.json").write_text(json.dumps(meta, indent=1))
     info = {
         "algorithm": type(agent).__name__,
@@ -202,8 +202,8 @@ def write_agent(agent, path: Path) -> Path:
         "scores": [jsonable(s) for s in agent.scores],
         "steps": agent.steps,
         "lora_rank": agent.lora_rank,
-        "quarantined": bool(getattr(agent, "quarantined", False)),
-        "quarantine_reason": getattr(agent, "quarantine_reason", None),
+        "quarantined": bool(agent.quarantined),
+        "quarantine_reason": agent.quarantine_reason,
         "base_fingerprint": shared_fingerprint(agent.shared),
     }
     (path / "agent.json").write_text(json.dumps(info, indent=1))
@@ -251,7 +251,7 @@ def load_agent(agent, path: str | Path, merge_lora_configs: bool = False, verify
     if (path / "modules.safetensors").exists():
         extra = load_file(str(path / "modules.safetensors"))
         with torch.no_grad():
-            for key, params in agent._extra_parameters().items():
+            for key, params in agent.extra_parameters().items():
                 for i, p in enumerate(params):
                     p.copy_(extra[f"{key}.{i}"])
     agent.config = new_config
@@ -357,14 +357,7 @@ def base_fingerprint(model) -> dict:
 
 def shared_fingerprint(shared) -> dict:
     """:func:`base_fingerprint` of a shared base, computed once (the base is frozen)."""
-    cached = getattr(shared, "_evollm_fingerprint", None)
-    if cached is None:
-        cached = base_fingerprint(shared.model)
-        try:
-            shared._evollm_fingerprint = cached
-        except AttributeError:
-            pass
-    return cached
+    return shared.computed_once("fingerprint", lambda: base_fingerprint(shared.model))
 
 
 def check_fingerprint(saved: dict | None, model, where: Path, live: dict | None = None) -> None:

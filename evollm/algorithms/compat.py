@@ -267,7 +267,7 @@ def agilerl_style_test(agent, env, loop: int) -> np.float64:
     else:
         raise TypeError(f"env must be a ReasoningGym (or subclass) or TokenizedMultiTurnEnv-like multi-turn env "
                         f"(reset/step, e.g. evollm's TokenObservationWrapper), got {type(env).__name__}")
-    agent.fitness.append(fitness)
+    agent.record_fitness(fitness)
     return np.float64(fitness)
 
 
@@ -304,6 +304,19 @@ class AgileRLMethods:
     def clip_coef_max(self) -> float:
         """AgileRL's name of the upper clip offset (``clip_high``)."""
         return self.get_hyperparameter("clip_high")
+
+    @property
+    def mut(self):
+        """AgileRL's record of the last mutation: the mutated hyperparameter's name, ``"None"`` when the
+        last mutation left the member unchanged, ``None`` before any (evollm's: ``last_mutation``)."""
+        if "mut" in self.__dict__:
+            return self.__dict__["mut"]
+        record = self.__dict__.get("last_mutation")
+        return None if record is None else ("None" if record.kind == "none" else record.name)
+
+    @mut.setter
+    def mut(self, value) -> None:
+        self.__dict__["mut"] = value
 
     def clean_up(self) -> None:
         """AgileRL's name of :meth:`release`."""
@@ -351,3 +364,30 @@ class AgileRLMetrics(dict):
 
     def get(self, key, default=None):
         return self[key] if key in self else default
+
+
+class VLLMConfig(dict):
+    """AgileRL's vLLM settings (``VLLMConfig(sleep_mode=..., max_num_seqs=..., gpu_memory_utilization=...)``),
+    accepted as ``vllm_config=`` beside ``use_vllm=True``. The fields evollm's engine knows reach it
+    (:class:`evollm.rollout.vllm_engine.VLLMSettings`); the rest are AgileRL's own."""
+
+    def __init__(self, **fields):
+        super().__init__(**fields)
+
+    def __getattr__(self, name):
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+
+def wants_vllm(pop) -> bool:
+    """AgileRL's ``use_vllm=True`` on a member: the vLLM rollout backend where vLLM is installed (a
+    one-time note and Hugging Face generation where it is not)."""
+    import importlib.util
+    if not any(getattr(a, "__dict__", {}).get("use_vllm") for a in pop):
+        return False
+    if importlib.util.find_spec("vllm") is None:
+        note_once("use_vllm", "vLLM is not installed here; members generate with Hugging Face generate")
+        return False
+    return True

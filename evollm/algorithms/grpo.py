@@ -8,18 +8,20 @@ steps on this member's LoRA adapter. The maths lives in :mod:`evollm.functional`
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple, Sequence
+from typing import Sequence
 
 import numpy as np
 import torch
 
 from .. import functional as F
 from evollm.parallel import zero
-from ..adapters.shared import checkpointing
+from .acting import Acting, ActionResult  # noqa: F401 - ActionResult: what get_action returns
 from .base import AgentConfig, LLMAgent
+from ..utils.fields import documented
 from .compat import agilerl_style_test, is_evollm_env
-from ..rollout import (Rollout, attention_from_sequences, evaluate_population, first_target, generate_population,
-                       member_logprobs, stack_rows)
+from .memory_plan import learn_path, member_chunks
+from .updates import mean_metrics, record, run_epochs
+from ..rollout import attention_from_sequences, evaluate_population, first_target, member_logprobs, stack_rows
 
 
 @dataclass
@@ -32,23 +34,24 @@ class GRPOConfig(AgentConfig):
     wins over the preset.
     """
 
-    group_size: int = 8
-    #: grpo, dr_grpo, dapo, gspo or cispo (see ``evollm.functional.LOSS_PRESETS``)
-    loss_type: str = "grpo"
-    #: "group", "batch" or "none"; None: the loss type's preset
-    scale_rewards: str | None = None
+    group_size: int = documented(8, "Completions sampled per prompt; advantages are relative to the other "
+                                 "completions of the same prompt (>= 2).")
+    loss_type: str = documented("grpo", "grpo, dr_grpo, dapo, gspo or cispo: a row of "
+                                "evollm.functional.LOSS_PRESETS (loss aggregation, clip range, reward scaling).")
+    scale_rewards: str | None = documented(None, "Divisor of the group-centred rewards: 'group' (the group's std), "
+                                           "'batch' (the batch's std) or 'none'; None: the loss type's preset.")
     lr: float = 5e-5
     beta: float = 0.0
-    #: None: the loss type's preset offsets (clip_low/clip_high still win where set)
-    clip_coef: float | tuple[float, float] | None = None
-    #: DAPO dynamic sampling: drop groups whose rewards are all equal and refill the batch from
-    #: further prompts (at most ``dynamic_sampling_max_batches`` extra batches per step)
-    dynamic_sampling: bool = False
-    dynamic_sampling_max_batches: int = 3
-    #: DAPO overlong reward shaping: a soft penalty over the last ``overlong_buffer`` tokens before
-    #: ``max_output_tokens`` (0: off), reaching ``-overlong_penalty`` at the limit
-    overlong_buffer: int = 0
-    overlong_penalty: float = 1.0
+    clip_coef: float | tuple[float, float] | None = documented(
+        None, "Alias of the clip offsets (a float sets both, a tuple is (clip_low, clip_high)); None: the loss type's "
+        "preset offsets (clip_low/clip_high still win where set).")
+    dynamic_sampling: bool = documented(False, "DAPO dynamic sampling: drop groups whose rewards are all equal and "
+                                        "refill the batch from further prompts.")
+    dynamic_sampling_max_batches: int = documented(3, "Most extra batches of prompts dynamic sampling draws per "
+                                                   "step.")
+    overlong_buffer: int = documented(0, "DAPO overlong reward shaping: a soft penalty over the last overlong_buffer "
+                                      "tokens before max_output_tokens; 0: off.")
+    overlong_penalty: float = documented(1.0, "The overlong penalty reached at max_output_tokens (-overlong_penalty).")
 
     def preset(self) -> dict:
         """This loss type's row of :data:`evollm.functional.LOSS_PRESETS` (grpo's for an unknown
@@ -64,14 +67,14 @@ class GRPOConfig(AgentConfig):
         """``scale_rewards``, or the loss type's preset when unset."""
         return self.scale_rewards if self.scale_rewards is not None else str(self.preset()["scale_rewards"])
 
-    #: correction of a sampler/trainer mismatch when the rollouts carry the sampling engine's log-probs
-    #: (``rollout_backend="vllm"``): TRL's ``vllm_importance_sampling_mode`` (token_truncate, token_mask,
-    #: sequence_truncate, sequence_mask) or ``"none"``; see :func:`evollm.functional.sampler_importance_weights`
-    sampler_correction: str = "token_truncate"
-    #: upper bound C of the importance weight (TRL's ``vllm_importance_sampling_cap``); None: no bound
-    sampler_correction_cap: float | None = 2.0
-    #: lower bound of the importance weight; None: no bound
-    sampler_correction_floor: float | None = None
+    sampler_correction: str = documented(
+        "token_truncate", "Correction of a sampler/trainer mismatch when the rollouts carry the sampling engine's "
+        "log-probs (rollout_backend='vllm'): TRL's vllm_importance_sampling_mode (token_truncate, token_mask, "
+        "sequence_truncate, sequence_mask) or 'none'.")
+    sampler_correction_cap: float | None = documented(2.0, "Upper bound of the sampler importance weight (TRL's "
+                                                      "vllm_importance_sampling_cap); None: no bound.")
+    sampler_correction_floor: float | None = documented(None, "Lower bound of the sampler importance weight; None: "
+                                                        "no bound.")
 
     def validate(self) -> None:
         super().validate()
@@ -97,14 +100,7 @@ class GRPOConfig(AgentConfig):
                              f"{self.update_epochs}")
 
 
-class ActionResult(NamedTuple):
-    """What :meth:`GRPO.get_action` returns; unpacks as ``completion_ids, action_masks``."""
-
-    completion_ids: list  # per prompt: [G, L] prompt + completion ids
-    action_masks: list  # per prompt: [G, L-1], 1 on generated tokens
-
-
-class GRPO(LLMAgent):
+class GRPO(Acting, LLMAgent):
     """Group Relative Policy Optimization on a LoRA adapter of a shared base model.
 
     ``GRPO(model, pad_token_id, pad_token, group_size=8, lr=5e-5, loss_type="grpo", ...)``: any
@@ -127,42 +123,6 @@ class GRPO(LLMAgent):
         if name == "scale_rewards":  # the value in effect, preset included
             return self.config.reward_scaling()
         return super().get_hyperparameter(name)
-
-    # ------------------------------------------------------------------ population constructor
-    @classmethod
-    def population(cls, size: int, actor_network: torch.nn.Module | None = None, hp_config=None,
-                   init_hyperparameters=None, init_sampler: str | None = "qmc", **kwargs) -> list["GRPO"]:
-        """``size`` members on ONE shared base.
-
-        With an ``hp_config`` the founders' hyperparameters are drawn from it with ``init_sampler``
-        (``"qmc"``: scrambled Sobol, the default; ``"random"``, ``"tpe"``, an Optuna sampler, or
-        ``None`` for identical founders), seeded with ``seed``; a value the caller passes as a keyword
-        (e.g. ``lr=1e-3``) is kept for every founder. ``init_hyperparameters``: an explicit list of
-        per-member dicts instead (e.g. from :func:`evollm.hpo.initial_population_hyperparameters`)."""
-        from ..hpo.founders import founder_hyperparameters
-        from .base import _resolve_actor
-        if actor_network is None:  # AgileRL's model_name=: load the base once, share it
-            actor_network, tok = _resolve_actor(None, kwargs.pop("model_name", None), kwargs.get("tokenizer"))
-            kwargs.setdefault("tokenizer", tok)
-        if size < 1:
-            raise ValueError(f"population size must be >= 1, got {size}")
-        init = founder_hyperparameters(size, hp_config, init_hyperparameters, init_sampler,
-                                       fixed=kwargs, seed=kwargs.get("seed", 0))
-        return [_with_hyperparameters(cls(actor_network, hp_config=hp_config, **kwargs), hps) for hps in init]
-
-    # ------------------------------------------------------------------ acting
-    def get_action(self, prompts: Sequence[dict], training: bool = True) -> ActionResult:
-        """Sample ``group_size`` completions per prompt (one greedy completion when not training).
-
-        Returns an :class:`ActionResult` ``(completion_ids, action_masks)``: lists with one tensor
-        per prompt, of shapes ``[G, L]`` (prompt + completion) and ``[G, L-1]``.
-        """
-        rollout = self.rollout(prompts, training)
-        return ActionResult(*rollout.per_prompt())
-
-    def rollout(self, prompts: Sequence[dict], training: bool = True) -> Rollout:
-        """This member's samples of ``prompts`` (``group_size`` per prompt when training, else one greedy)."""
-        return generate_population([self], prompts, training)[self.index]
 
     # ------------------------------------------------------------------ learning
     def learn(self, experiences) -> dict[str, float]:
@@ -224,6 +184,11 @@ class CISPO(GRPO):
         super().__init__(*args, **kwargs)
 
 
+#: the per-minibatch metrics of a GRPO update (``kl``: k3 to the reference; ``approx_kl``: to the sampling
+#: policy; ``entropy``: of the scored distribution, at the sampling temperature)
+METRICS = ("loss", "kl", "approx_kl", "clip_fraction", "entropy", "grad_norm", "shared_prompt")
+
+
 @dataclass
 class _Prepared:
     seqs: torch.Tensor
@@ -270,7 +235,7 @@ def _prepare(agent: GRPO, experiences) -> _Prepared:
 
 
 def _joint_logprobs(agents, seqs, attn, rows_each: int, grad: bool, reference: bool = False,
-                    start: int | None = None, info: dict | None = None) -> torch.Tensor:
+                    start: int | None = None, with_entropy: bool = False, info: dict | None = None):
     """Log-probs of concatenated row blocks, block ``i`` under ``agents[i]`` (or the reference); the
     output head runs only from ``start`` on (the first completion position: the loss reads no column
     before it), and each group's prompt is computed once where the model takes it (``info["shared_prompt"]``
@@ -278,83 +243,7 @@ def _joint_logprobs(agents, seqs, attn, rows_each: int, grad: bool, reference: b
     a0, c = agents[0], agents[0].config
     return member_logprobs(a0.shared, [a.adapter_name("actor") for a in agents], seqs, attn, rows_each, grad,
                            reference, [a.config.temperature for a in agents], c.logprob_chunk_rows, c.logits_budget_mb,
-                           c.disable_dropout, start=start, info=info)
-
-
-def activation_bytes_per_token(model, logits: bool = True) -> float:
-    """Estimated bytes a training forward keeps per token for the backward pass (float32): per decoder
-    layer the normed inputs, q/k/v/o, the MLP's gate/up/activation/product (``~8 h + 5 I``), plus, with
-    ``logits``, the logits and their log-softmax (``3 V``: the loss forwards compute them only on
-    completion tokens, see :func:`evollm.rollout.forward_logprobs`). Used to size fused learn passes; an
-    estimate, not a bound."""
-    cfg = getattr(model, "config", None)
-    vocab = model.get_output_embeddings().weight.shape[0]
-    hidden = getattr(cfg, "hidden_size", 0) or 0
-    inter = getattr(cfg, "intermediate_size", None) or 4 * hidden
-    layers = getattr(cfg, "num_hidden_layers", 0) or 0
-    return 4.0 * (layers * (8 * hidden + 5 * inter) + (3 * vocab if logits else 0))
-
-
-#: the default fused learn joins members in one pass only while one member's activations stay within
-#: this fraction of its persistent state (adapter + Adam moments), so each extra member costs at most
-#: ~1.5x its state at peak; above it (the usual case for LoRA) members learn one by one, which measured
-#: as fast on CPU from ~8M parameters on (see benchmarks/README.md). ``learn_chunk_members`` overrides it.
-FUSE_MAX_ACTIVATION_OVER_STATE = 0.5
-#: ... or while they stay below this many MiB: such passes are bound by per-call overhead, where one
-#: fused pass measured 1.4x faster than member by member (1M-parameter model, ~10 MiB per member), and
-#: the memory they add is small in absolute terms
-FUSE_SMALL_ACTIVATION_MB = 16.0
-
-
-def member_state_bytes(agent) -> int:
-    """Bytes of a member's persistent learn state: its trainable adapter tensors plus their optimizer
-    state (two Adam moments each until the optimizer has state to count)."""
-    params = agent.shared.parameters(agent.adapter_name("actor"))
-    own = sum(p.numel() * p.element_size() for p in params)
-    state = sum(t.numel() * t.element_size() for p in params for t in agent.optimizer.state.get(p, {}).values()
-                if torch.is_tensor(t) and t.dim() > 0)
-    return own + (state or 2 * own)
-
-
-def member_chunks(agents, rows_each: int, width: int, logit_width: int | None = None) -> list[list[int]]:
-    """Consecutive groups of members that learn in one fused forward and backward (``rows_each`` rows of
-    ``width`` tokens each, logits on the last ``logit_width`` of them).
-
-    ``learn_chunk_members`` when set (capped by ``logprob_chunk_rows``); by default members fuse only
-    while a member's estimated activations are at most :data:`FUSE_MAX_ACTIVATION_OVER_STATE` of its
-    persistent state or below :data:`FUSE_SMALL_ACTIVATION_MB`, and then as many as fit
-    ``logits_budget_mb``; otherwise one by one. So beyond small models the learn's peak memory does not
-    grow with the population beyond each member's own state."""
-    c = agents[0].config
-    n = len(agents)
-    if n == 1:
-        return [[0]]
-    if checkpointing(agents[0].shared.model.get_base_model()):
-        return [[i] for i in range(n)]  # the routing hooks are gone when backward recomputes the forward
-    model = agents[0].shared.model
-    logit_width = width if logit_width is None else logit_width
-    body = activation_bytes_per_token(model, logits=False)
-    per_member = rows_each * (width * body + logit_width * (activation_bytes_per_token(model) - body))
-    if c.learn_chunk_members:
-        k = c.learn_chunk_members
-    elif (per_member <= FUSE_SMALL_ACTIVATION_MB * 2**20
-          or per_member <= FUSE_MAX_ACTIVATION_OVER_STATE * member_state_bytes(agents[0])):
-        k = max(1, int(c.logits_budget_mb * 2**20 // per_member))
-    else:
-        k = 1
-    if c.logprob_chunk_rows is not None and c.logprob_chunk_rows < rows_each * min(k, n):
-        k = max(1, c.logprob_chunk_rows // rows_each)  # an explicit row cap also bounds a fused pass
-    k = min(k, n)
-    chunks = -(-n // k)  # as few passes as the budget allows, members spread evenly over them
-    size = -(-n // chunks)
-    return [list(range(i, min(i + size, n))) for i in range(0, n, size)]
-
-
-def learn_path(n_members: int, n_chunks: int) -> str:
-    """How a (population) learn ran: ``single``, ``fused`` (one pass), ``fused_chunked`` or ``member_by_member``."""
-    if n_members == 1:
-        return "single"
-    return "fused" if n_chunks == 1 else ("member_by_member" if n_chunks == n_members else "fused_chunked")
+                           c.disable_dropout, start=start, with_entropy=with_entropy, info=info)
 
 
 def grpo_update(agents: Sequence[GRPO], experiences: Sequence) -> list[dict[str, float]]:
@@ -403,26 +292,27 @@ def grpo_update(agents: Sequence[GRPO], experiences: Sequence) -> list[dict[str,
             for b, ref in zip(with_ref, refs.split(rows_total)):
                 b.ref = ref
     params = [a.shared.parameters(a.adapter_name("actor")) for a in agents]
-    stats = [{"loss": [], "kl": [], "clip_fraction": [], "entropy": [], "grad_norm": [], "shared_prompt": []}
-             for _ in agents]
-    gens = [torch.Generator().manual_seed(a.config.seed + a.steps) for a in agents]
-    for _ in range(c0.update_epochs):
-        orders = [torch.randperm(rows_total, generator=g) for g in gens]
-        for start in range(0, rows_total, c0.batch_size):
-            rows = [o[start:start + c0.batch_size] for o in orders]
-            for ch in chunks:  # each member's forward reads only its own adapter: step a group before the next
-                for i in ch:
-                    agents[i].optimizer.zero_grad(set_to_none=True)
-                _learn_chunk([agents[i] for i in ch], [batches[i] for i in ch], [rows[i] for i in ch],
-                             [stats[i] for i in ch])
-                for i in ch:  # clip_and_step frees the gradients: one group's are alive at a time
-                    stats[i]["grad_norm"].append(agents[i].clip_and_step(params[i]))
+
+    def step(members: list[int], rows: list[torch.Tensor], stats) -> None:
+        row_of = dict(zip(members, rows))
+        for ch in chunks:  # each member's forward reads only its own adapter: step a group before the next
+            ch = [i for i in ch if i in row_of]
+            if not ch:
+                continue
+            for i in ch:
+                agents[i].optimizer.zero_grad(set_to_none=True)
+            _learn_chunk([agents[i] for i in ch], [batches[i] for i in ch], [row_of[i] for i in ch],
+                         [stats[i] for i in ch])
+            for i in ch:  # clip_and_step frees the gradients: one group's are alive at a time
+                record(stats[i], grad_norm=agents[i].clip_and_step(params[i]))
+
+    stats = run_epochs(agents, rows_total, step, [{k: [] for k in METRICS} for _ in agents])
     out = []
     path = learn_path(len(agents), len(chunks))
     for a, b, st in zip(agents, batches, stats):
         a.steps += 1
         grouped = b.rewards.reshape(-1, a.config.group_size)
-        metrics = {k: sum(v) / len(v) for k, v in st.items()}
+        metrics = mean_metrics(st)
         metrics.update(mean_reward=float(b.rewards.mean()),
                        zero_std_groups=float((grouped.max(1).values == grouped.min(1).values).float().mean()),
                        completion_length=float(b.mask.sum(1).float().mean()),
@@ -435,41 +325,36 @@ def _learn_chunk(agents, batches, rows, stats) -> None:
     """One fused forward + backward over a group of members' minibatch rows (gradients accumulate;
     each member's loss reaches only its own adapter)."""
     info: dict = {}
-    logp = _joint_logprobs(agents, torch.cat([b.seqs[r] for b, r in zip(batches, rows)]),
-                           torch.cat([b.attn[r] for b, r in zip(batches, rows)]), len(rows[0]), True,
-                           start=min(first_target(b.mask[r]) for b, r in zip(batches, rows)), info=info)
+    logp, entropy = _joint_logprobs(agents, torch.cat([b.seqs[r] for b, r in zip(batches, rows)]),
+                                    torch.cat([b.attn[r] for b, r in zip(batches, rows)]), len(rows[0]), True,
+                                    start=min(first_target(b.mask[r]) for b, r in zip(batches, rows)),
+                                    with_entropy=True, info=info)
     total = 0.0
-    for a, b, r, lp, st in zip(agents, batches, rows, logp.split(len(rows[0])), stats):
+    for a, b, r, lp, ent, st in zip(agents, batches, rows, logp.split(len(rows[0])), entropy.split(len(rows[0])),
+                                    stats):
         c, m = a.config, b.mask[r].to(lp.device)
         old = b.old[r] if b.old is not None else lp.detach()
         weights = None
         if b.sampler is not None:  # the engine sampled: correct its mismatch with the trainer
             weights, ist = F.sampler_importance_weights(old, b.sampler[r].to(lp.device), m, c.sampler_correction,
                                                         c.sampler_correction_cap, c.sampler_correction_floor)
-            for k, v in ist.items():
-                st.setdefault(f"sampler_{k}", []).append(v)
+            record(st, **{f"sampler_{k}": v for k, v in ist.items()})
+        low, high = c.clip_range()
         loss, s = F.policy_loss_with_stats(
-            lp, old, b.advantages[r].to(lp.device), m,
-            loss_type=c.loss_type, clip_low=c.clip_range()[0], clip_high=c.clip_range()[1], ref_logp=b.ref[r] if b.ref is not None else None,
-            beta=c.beta, max_completion_length=c.max_output_tokens, is_weights=weights)
+            lp, old, b.advantages[r].to(lp.device), m, loss_type=c.loss_type, clip_low=low, clip_high=high,
+            ref_logp=b.ref[r] if b.ref is not None else None, beta=c.beta, max_completion_length=c.max_output_tokens,
+            is_weights=weights)
         total = total + zero.track(a.optimizer, loss)  # under DeepSpeed ZeRO: through the member's engine
-        st["loss"].append(float(loss.detach()))
-        st["kl"].append(s["kl"])
-        st["clip_fraction"].append(s["clip_fraction"])
-        st["entropy"].append(float(F.masked_mean(-lp.detach(), m)))
-        st["shared_prompt"].append(info["shared_prompt"])  # 1: the group's prompt ran once (0: plain forward)
+        # shared_prompt 1: the group's prompt ran once (0: plain forward)
+        record(st, loss=loss.detach(), kl=s["kl"], approx_kl=s["approx_kl"], clip_fraction=s["clip_fraction"],
+               entropy=F.masked_mean(ent, m), shared_prompt=info["shared_prompt"])
     total.backward()
-
-
-def _with_hyperparameters(agent, hps: dict):
-    for name, value in hps.items():
-        agent.set_hyperparameter(name, value)
-    return agent
 
 
 def _no_update(agent: GRPO, batch: _Prepared) -> dict[str, float]:
     """Metrics of a step with no informative group (every group's rewards equal): no update."""
     agent.steps += 1
-    return {"loss": 0.0, "kl": 0.0, "clip_fraction": 0.0, "entropy": float("nan"), "grad_norm": 0.0,
-            "mean_reward": float("nan"), "zero_std_groups": 1.0, "completion_length": float("nan")}
+    return {"loss": 0.0, "kl": 0.0, "approx_kl": 0.0, "clip_fraction": 0.0, "entropy": float("nan"),
+            "grad_norm": 0.0, "epochs": 0.0, "mean_reward": float("nan"), "zero_std_groups": 1.0,
+            "completion_length": float("nan")}
 

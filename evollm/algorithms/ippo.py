@@ -23,16 +23,18 @@ import copy
 import dataclasses
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Sequence
+from typing import Any, ClassVar, Sequence
 
 import torch
 
 from evollm.parallel import zero
 from .base import build_config
+from .member import Member
+from ..utils.fields import documented
 from .ppo import LLMPPO, LLMPPOConfig
-from .ppo_fused import learn_grouped
+from .ppo_update import learn_grouped
 from ..rollout import SamplingConfig
 
 #: team setting -> the per-agent field it sets (CoMLRL name -> LLMPPO name)
@@ -44,7 +46,7 @@ AGENT_FIELDS: dict[str, str] = {
     "entropy_coef": "ent_coef", "advantage_normalization": "adv_whitening", "gamma": "gamma",
     "gae_lambda": "gae_lambda", "max_new_tokens": "max_output_tokens", "temperature": "temperature",
     "top_p": "top_p", "top_k": "top_k", "do_sample": "do_sample", "use_separate_critic": "use_separate_critic",
-    "beta": "beta", "seed": "seed",
+    "beta": "beta", "seed": "seed", "target_kl": "target_kl",
 }
 
 #: per-agent hyperparameters evolution may change (as ``agent<i>.<name>``, or bare for every agent)
@@ -57,40 +59,45 @@ AGENT_MUTABLE: tuple[str, ...] = ("actor_learning_rate", "critic_learning_rate",
 class IPPOConfig:
     """Settings of an IPPO team (CoMLRL's ``IPPOConfig`` names where they exist)."""
 
-    num_agents: int = 2  #: agents per team
-    num_turns: int = 1  #: rounds per episode; from round 2 on each agent sees the others' previous replies
-    actor_learning_rate: float = 1e-4  #: AdamW lr of each actor adapter
-    critic_learning_rate: float | None = None  #: lr of each critic adapter + value head (None: the actor's)
-    weight_decay: float = 0.0  #: AdamW weight decay
-    adam_beta1: float = 0.9  #: AdamW beta1
-    adam_beta2: float = 0.999  #: AdamW beta2
-    adam_epsilon: float = 1e-8  #: AdamW epsilon
-    max_grad_norm: float | None = 1.0  #: gradient clipping per agent and param group (None: off)
-    rollout_buffer_size: int = 32  #: episodes (dataset rows) each team plays before an update
-    mini_batch_size: int = 8  #: episodes per PPO minibatch
-    ppo_epochs: int = 2  #: passes over the buffer per update
-    clip_coef: float | None = 0.2  #: PPO ratio clip (1 +- clip_coef); None: no clipping
-    value_clip_range: float | None = 0.2  #: value-loss clip around the old values; None: unclipped
-    value_loss_coef: float = 0.5  #: weight of the value loss
-    entropy_coef: float = 0.0  #: weight of the entropy bonus
-    advantage_normalization: bool = True  #: whiten advantages per agent and update
-    gamma: float = 1.0  #: discount across turns
-    gae_lambda: float = 0.95  #: GAE lambda across turns
-    max_new_tokens: int = 32  #: longest reply per turn
-    temperature: float = 1.0  #: sampling temperature (the trained policy is the sampled one)
-    top_p: float = 1.0  #: nucleus sampling
-    top_k: int = 0  #: top-k sampling (0: off)
-    do_sample: bool = True  #: sample in training rollouts (evaluation is always greedy)
-    use_separate_critic: bool = True  #: critic LoRA adapter + value head per agent; False: value head on the actor
-    value_head_hidden_dim: int | None = None  #: hidden width of the value head on the actor (None: linear)
-    critic_value_head_hidden_dim: int | None = None  #: hidden width of the separate critic's value head
-    beta: float = 0.0  #: k3 KL penalty to the base model (adapters disabled)
-    max_model_len: int | None = 256  #: longest conversation an agent may see
-    seed: int = 42  #: seed of minibatch shuffling
-    agent_overrides: list[dict] = field(default_factory=list)  #: per-agent settings, e.g. [{}, {"temperature": 0.8}]
-    output_dir: str = "runs/ippo"  #: where IPPOTrainer writes the report and the best team
-    num_train_epochs: float = 1.0  #: IPPOTrainer: passes over train_dataset when max_steps is not given
-    eval_interval: int = 10  #: IPPOTrainer: updates between evaluations on the fixed eval set
+    num_agents: int = documented(2, "Agents per team.")
+    num_turns: int = documented(1, "Rounds per episode; from round 2 on each agent sees the others' previous replies.")
+    actor_learning_rate: float = documented(1e-4, "AdamW learning rate of each actor adapter.")
+    critic_learning_rate: float | None = documented(None, "Learning rate of each critic adapter + value head (None: "
+                                                    "the actor's).")
+    weight_decay: float = documented(0.0, "AdamW weight decay.")
+    adam_beta1: float = documented(0.9, "AdamW beta1.")
+    adam_beta2: float = documented(0.999, "AdamW beta2.")
+    adam_epsilon: float = documented(1e-8, "AdamW epsilon.")
+    max_grad_norm: float | None = documented(1.0, "Gradient clipping per agent and param group (None: off).")
+    rollout_buffer_size: int = documented(32, "Episodes (dataset rows) each team plays before an update.")
+    mini_batch_size: int = documented(8, "Episodes per PPO minibatch.")
+    ppo_epochs: int = documented(2, "Passes over the buffer per update.")
+    target_kl: float | None = documented(None, "Stop an agent's epochs once an epoch's mean approx_kl exceeds it "
+                                         "(None: off).")
+    clip_coef: float | None = documented(0.2, "PPO ratio clip (1 +- clip_coef); None: no clipping.")
+    value_clip_range: float | None = documented(0.2, "Value-loss clip around the old values; None: unclipped.")
+    value_loss_coef: float = documented(0.5, "Weight of the value loss.")
+    entropy_coef: float = documented(0.0, "Weight of the entropy bonus.")
+    advantage_normalization: bool = documented(True, "Whiten advantages per agent and update.")
+    gamma: float = documented(1.0, "Discount across turns.")
+    gae_lambda: float = documented(0.95, "GAE lambda across turns.")
+    max_new_tokens: int = documented(32, "Longest reply per turn.")
+    temperature: float = documented(1.0, "Sampling temperature (the trained policy is the sampled one).")
+    top_p: float = documented(1.0, "Nucleus sampling.")
+    top_k: int = documented(0, "Top-k sampling (0: off).")
+    do_sample: bool = documented(True, "Sample in training rollouts (evaluation is always greedy).")
+    use_separate_critic: bool = documented(True, "Critic LoRA adapter + value head per agent; False: a value head "
+                                           "on the actor.")
+    value_head_hidden_dim: int | None = documented(None, "Hidden width of the value head on the actor (None: linear).")
+    critic_value_head_hidden_dim: int | None = documented(None, "Hidden width of the separate critic's value head.")
+    beta: float = documented(0.0, "Weight of the k3 KL penalty to the base model (adapters disabled).")
+    max_model_len: int | None = documented(256, "Longest conversation an agent may see.")
+    seed: int = documented(42, "Seed of minibatch shuffling.")
+    agent_overrides: list[dict] = documented(default_factory=list,
+                                             help="Per-agent settings, e.g. [{}, {'temperature': 0.8}].")
+    output_dir: str = documented("runs/ippo", "Where IPPOTrainer writes the report and the best team.")
+    num_train_epochs: float = documented(1.0, "IPPOTrainer: passes over train_dataset when max_steps is not given.")
+    eval_interval: int = documented(10, "IPPOTrainer: updates between evaluations on the fixed eval set.")
 
     def validate(self) -> None:
         if self.num_agents < 1 or self.num_turns < 1:
@@ -120,14 +127,15 @@ class IPPOConfig:
 
 @dataclass
 class IPPOAgentConfig(LLMPPOConfig):
-    """One agent's PPO settings (LLMPPO's, plus the IPPO ones)."""
+    """One agent's PPO settings (LLMPPO's, plus the IPPO ones; set through :class:`IPPOConfig`)."""
 
-    use_separate_critic: bool = True
-    value_head_hidden_dim: int | None = None
-    do_sample: bool = True
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.999
-    adam_epsilon: float = 1e-8
+    use_separate_critic: bool = documented(True, "Critic LoRA adapter + value head per agent; False: a value head "
+                                           "on the actor.")
+    value_head_hidden_dim: int | None = documented(None, "Hidden width of the value head (None: linear).")
+    do_sample: bool = documented(True, "Sample in training rollouts (evaluation is always greedy).")
+    adam_beta1: float = documented(0.9, "AdamW beta1.")
+    adam_beta2: float = documented(0.999, "AdamW beta2.")
+    adam_epsilon: float = documented(1e-8, "AdamW epsilon.")
 
     def default_clip(self) -> tuple[float, float]:
         """A team's ``clip_coef=None``: the ratio is never clipped (offsets 1 and inf)."""
@@ -136,7 +144,7 @@ class IPPOAgentConfig(LLMPPOConfig):
 
 class IPPOAgent(LLMPPO):
     """One agent of a team: LLMPPO with an optional critic adapter, a (possibly MLP) value head and
-    the fused update of :mod:`evollm.algorithms.ppo_fused`."""
+    the PPO update of :mod:`evollm.algorithms.ppo_update` (agents with equal schedules share passes)."""
 
     config_cls = IPPOAgentConfig
 
@@ -165,14 +173,9 @@ class IPPOAgent(LLMPPO):
     def _build_optimizer(self) -> torch.optim.Optimizer:
         c = self.config
         # under a DeepSpeed ZeRO launch every param group goes into its own engine (evollm.parallel.zero)
-        return zero.wrap(torch.optim.AdamW(self._param_groups(), lr=c.lr, weight_decay=c.weight_decay,
+        return zero.wrap(torch.optim.AdamW(self._param_groups(), weight_decay=c.weight_decay,
                                            betas=(c.adam_beta1, c.adam_beta2), eps=c.adam_epsilon),
                          c.max_grad_norm, self.__dict__.get("optimizer"))
-
-    def _token_values(self, ids: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
-        from .ppo_fused import _forward, _values, value_adapter
-        hidden = _forward([self], [value_adapter(self)], ids, attn, torch.is_grad_enabled(), True, logits=False)[1]
-        return _values(self, hidden)
 
     def sampling_config(self, training: bool = True, group_size: int = 1) -> SamplingConfig:
         s = super().sampling_config(training, group_size)
@@ -183,15 +186,11 @@ class IPPOAgent(LLMPPO):
 
     @classmethod
     def learn_population(cls, agents: Sequence["IPPOAgent"], experiences: Sequence) -> list[dict[str, float]]:
-        """Agents whose update schedule agrees share every forward/backward pass (see ppo_fused)."""
+        """Agents whose update schedule agrees share every forward/backward pass (see ppo_update)."""
         return learn_grouped(agents, experiences)
 
 
-def _team_ids(shared) -> set[int]:
-    return shared.__dict__.setdefault("_evollm_team_ids", set())
-
-
-class IPPOTeam:
+class IPPOTeam(Member):
     """A team of cooperating agents: ONE population member.
 
     ``IPPOTeam(model, tokenizer, num_agents=2, actor_learning_rate=1e-3, ...)``: any :class:`IPPOConfig`
@@ -199,6 +198,8 @@ class IPPOTeam:
     (``agent_overrides[i]["lora_rank"]`` gives agent ``i`` another rank)."""
 
     config_cls: ClassVar[type] = IPPOConfig
+    #: teams take their ids from their own space on the shared base (their agents are members there)
+    ID_SPACE: ClassVar[str] = "team"
 
     def __init__(self, model: torch.nn.Module, tokenizer=None, *, pad_token_id: int | None = None,
                  pad_token: str | None = None, eos_token_id: int | None = None, config: IPPOConfig | None = None,
@@ -223,25 +224,8 @@ class IPPOTeam:
                 lora.lora_alpha, lora.r = lora.lora_alpha * r / lora.r, r  # same scale alpha / r
             self.agents.append(IPPOAgent(model, pad_token_id, pad_token, eos_token_id=eos_token_id, lora_config=lora,
                                          device=device, **self.config.agent_settings(i)))
-        self.index = self._reserve(index)
-        self.hp_config = hp_config
-        if hp_config is not None:
-            hp_config.validate_for(self)
-        self.fitness: list[float] = []
-        self.scores: list[float] = []
-        self.steps = 0
-        self.mutation_hooks: list[Callable] = []
-        self.last_mutation = None
-        self.released = False
-
-    def _reserve(self, index: int | None) -> int:
-        used = _team_ids(self.shared)
-        if index is None:
-            index = max(used, default=-1) + 1
-        elif index in used:
-            raise ValueError(f"team id {index} was already used on this shared base; ids are never reused")
-        used.add(int(index))
-        return int(index)
+        self.index = self.shared.reserve_index(index, self.ID_SPACE)
+        self._init_member(hp_config)
 
     # ------------------------------------------------------------------ identity
     @property
@@ -317,34 +301,23 @@ class IPPOTeam:
                 for i in range(self.num_agents) for n in AGENT_MUTABLE}
 
     # ------------------------------------------------------------------ population methods
-    def register_mutation_hook(self, hook: Callable) -> None:
-        """``hook(team)`` runs after every mutation and clone; clones inherit hooks."""
-        self.mutation_hooks.append(hook)
-
-    def run_mutation_hooks(self) -> None:
-        for hook in self.mutation_hooks:
-            hook(self)
-
     def clone(self, index: int | None = None, wrap: bool = True) -> "IPPOTeam":
         """A new team on the same base: every agent's adapters, value head and optimizer state copied
-        in memory; settings, fitness history and hooks copied."""
+        in memory; settings and hooks copied; like every clone, an empty fitness history and
+        ``parent_index`` this team's id."""
         new = object.__new__(type(self))
         new.agents = [a.clone() for a in self.agents]
         new.config = copy.deepcopy(self.config)
-        new.index = new._reserve(index)
-        new.hp_config = self.hp_config
-        new.fitness, new.scores = list(self.fitness), list(self.scores)
-        new.steps = self.steps
-        new.mutation_hooks = list(self.mutation_hooks)
-        new.last_mutation = None
-        new.released = False
-        return new
+        new.index = self.shared.reserve_index(index, self.ID_SPACE)
+        return self._start_clone(new)
 
-    def release(self) -> None:
-        if not self.released:
-            for agent in self.agents:
-                agent.release()
-            self.released = True
+    def _free(self) -> None:
+        for agent in self.agents:
+            agent.release()
+
+    def trainable_parameters(self) -> list[torch.Tensor]:
+        """Every tensor the team trains: those of all its agents."""
+        return [p for agent in self.agents for p in agent.trainable_parameters()]
 
     # ------------------------------------------------------------------ learning
     def learn(self, experiences: Sequence) -> list[dict[str, float]]:
@@ -370,13 +343,18 @@ class IPPOTeam:
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self, path) -> Path:
         """``team.json`` + ``agent_<i>/`` per agent (its actor adapter in ``agent_<i>/adapter`` loads with
-        ``PeftModel.from_pretrained``; critic, value head and optimizer as safetensors)."""
-        return self.write_checkpoint(Path(path))
+        ``PeftModel.from_pretrained``; critic, value head and optimizer as safetensors), atomically: a
+        complete folder with a manifest, or nothing."""
+        from evollm.utils.atomic import atomic_folder
+
+        with atomic_folder(path, "team") as tmp:
+            self.write_checkpoint(tmp)
+        return Path(path)
 
     def write_checkpoint(self, path: Path) -> Path:
         """The team's files into ``path`` (what :meth:`save_checkpoint` writes; a run checkpoint writes
         every team this way inside its own atomic folder)."""
-        from evollm.utils.atomic import jsonable
+        from evollm.utils.atomic import jsonable, write_json
         from evollm.algorithms.checkpoint import save_agent
 
         path = Path(path)
@@ -389,7 +367,7 @@ class IPPOTeam:
                 "steps": self.steps, "agents": [a.index for a in self.agents], "lora_rank": self.lora_rank,
                 "pad_token_id": self.pad_token_id, "pad_token": self.agents[0].pad_token,
                 "eos_token_id": self.agents[0].eos_token_id}
-        (path / "team.json").write_text(json.dumps(info, indent=1))
+        write_json(path / "team.json", info)
         return path
 
     def load_checkpoint(self, path, merge_lora_configs: bool = False, verify_manifest: bool = True) -> None:

@@ -66,6 +66,6 @@ def evaluate_teams(teams: Sequence, task: TeamTask, record: bool = True) -> tupl
     success = [totals[t.index][1] / len(rows) for t in teams]
     if record:
         for t, f in zip(teams, fitness):
-            t.fitness.append(f)
+            t.record_fitness(f)
     return fitness, success
 

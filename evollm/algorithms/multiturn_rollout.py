@@ -6,6 +6,7 @@ right-padded tensors (:func:`evollm.rollout.stack_episodes`) are::
     action_mask [B, L-1]    1 on model tokens (refers to input_ids[:, 1:])
     turn_ids    [B, L-1]    turn index of each model token, -1 elsewhere
     rewards     [B, K]      per-turn rewards (0 on turns that were not played)
+    truncated   [B]         the episode was cut short (turn limit, context length): not terminal
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ import torch
 
 from ..rollout import (action_start, attention_from_sequences, collect_episodes, evaluate_population, policy_forward,
                        stack_rows)
+from .acting import Acting
 from .base import LLMAgent
-from .grpo import GRPO
 
 
 @dataclass
@@ -30,6 +31,20 @@ class EpisodeBatch:
     action_mask: torch.Tensor
     turn_ids: torch.Tensor
     rewards: torch.Tensor
+    truncated: torch.Tensor | None = None  # [B] bool; None: every episode ended (terminal)
+
+    def __post_init__(self):
+        if self.truncated is None:
+            self.truncated = torch.zeros(self.input_ids.shape[0], dtype=torch.bool, device=self.input_ids.device)
+
+    def rows(self, idx: torch.Tensor) -> "EpisodeBatch":
+        """The episodes ``idx``."""
+        return EpisodeBatch(self.input_ids[idx], self.attention_mask[idx], self.action_mask[idx], self.turn_ids[idx],
+                            self.rewards[idx], self.truncated[idx])
+
+    def to(self, device) -> "EpisodeBatch":
+        return EpisodeBatch(*(t.to(device) for t in (self.input_ids, self.attention_mask, self.action_mask,
+                                                     self.turn_ids, self.rewards, self.truncated)))
 
     @property
     def num_turns(self) -> int:
@@ -50,13 +65,18 @@ class EpisodeBatch:
 def episode_batch(experiences, pad_token_id: int) -> EpisodeBatch:
     """Normalise what ``learn`` accepts into an :class:`EpisodeBatch`.
 
-    * ``(input_ids, action_masks, turn_ids, rewards[B, K])``: multi-turn episodes;
+    * ``(input_ids, action_masks, turn_ids, rewards[B, K])``: multi-turn episodes, optionally with a 5th
+      element ``truncated[B]`` (episodes cut short by a turn limit or the context length, not terminal:
+      LLMPPO bootstraps them from its critic);
     * ``(completion_ids, action_masks, rewards)``: single-turn samples as returned by ``get_action``
       (per-prompt lists or stacked tensors), rewards ``[P, G]`` or ``[B]``; every action token is
       turn 0, so the reward counts once per sample.
     """
-    if len(experiences) == 4:
-        ids, masks, turn_ids, rewards = experiences
+    truncated = None
+    if len(experiences) in (4, 5):
+        ids, masks, turn_ids, rewards = experiences[:4]
+        if len(experiences) == 5:
+            truncated = torch.as_tensor(experiences[4], dtype=torch.bool).reshape(-1)
         ids, masks = stack_rows(ids, pad_token_id), stack_rows(masks, 0)
         turn_ids = stack_rows(turn_ids, -1).long()
         rewards = torch.as_tensor(rewards, dtype=torch.float32)
@@ -68,7 +88,8 @@ def episode_batch(experiences, pad_token_id: int) -> EpisodeBatch:
         rewards = torch.as_tensor(rewards, dtype=torch.float32).reshape(-1, 1)
         turn_ids = torch.where(masks.bool(), 0, -1).long()
     else:
-        raise ValueError("experiences must be (ids, action_masks, rewards) or (ids, action_masks, turn_ids, rewards)")
+        raise ValueError("experiences must be (ids, action_masks, rewards) or (ids, action_masks, turn_ids, rewards"
+                         "[, truncated])")
     if not (ids.shape[0] == masks.shape[0] == turn_ids.shape[0] == rewards.shape[0]):
         raise ValueError(f"batch sizes differ: ids {tuple(ids.shape)}, masks {tuple(masks.shape)}, "
                          f"turn_ids {tuple(turn_ids.shape)}, rewards {tuple(rewards.shape)}")
@@ -77,8 +98,10 @@ def episode_batch(experiences, pad_token_id: int) -> EpisodeBatch:
                          f"{tuple(masks.shape)} / {tuple(turn_ids.shape)}")
     if turn_ids.numel() and int(turn_ids.max()) >= rewards.shape[1]:
         raise ValueError(f"turn id {int(turn_ids.max())} has no reward column (rewards {tuple(rewards.shape)})")
+    if truncated is not None and truncated.shape[0] != ids.shape[0]:
+        raise ValueError(f"got {truncated.shape[0]} truncated flags for {ids.shape[0]} episodes")
     turn_ids = torch.where(masks.bool(), turn_ids, torch.full_like(turn_ids, -1))
-    return EpisodeBatch(ids, attention_from_sequences(ids, pad_token_id), masks.long(), turn_ids, rewards)
+    return EpisodeBatch(ids, attention_from_sequences(ids, pad_token_id), masks.long(), turn_ids, rewards, truncated)
 
 
 # --------------------------------------------------------------------------- #
@@ -116,14 +139,11 @@ def last_token_of_turn(turn_ids: torch.Tensor, num_turns: int) -> torch.Tensor:
 # --------------------------------------------------------------------------- #
 # What LLMPPO and LLMREINFORCE share
 # --------------------------------------------------------------------------- #
-class EpisodeAgent(LLMAgent):
-    """Base of the agents that learn from whole episodes (LLMPPO, LLMREINFORCE): sampling and the
-    population constructor are GRPO's (``group_size`` samples per prompt, 1 by default), and
-    :meth:`test` works on a :class:`~evollm.envs.reasoning.ReasoningGym` or a multi-turn wrapper."""
-
-    population = classmethod(GRPO.population.__func__)
-    get_action = GRPO.get_action
-    rollout = GRPO.rollout
+class EpisodeAgent(Acting, LLMAgent):
+    """Base of the agents that learn from whole episodes (LLMPPO, LLMREINFORCE): sampling is every acting
+    member's (:class:`~evollm.algorithms.acting.Acting`: ``group_size`` samples per prompt, 1 by default),
+    founders are every member's (:meth:`~evollm.algorithms.member.Member.population`), and :meth:`test` works
+    on a :class:`~evollm.envs.reasoning.ReasoningGym` or a multi-turn wrapper."""
 
     def test(self, env, loop: int = 1) -> float:
         """Fitness, appended to ``self.fitness``: on a ReasoningGym the mean reward on its fixed test set;
@@ -138,7 +158,7 @@ class EpisodeAgent(LLMAgent):
         for seed in range(loop):
             returns += [e.episode_return for e in collect_episodes([self], [env], [seed], training=False)[self.index]]
         fitness = sum(returns) / len(returns)
-        self.fitness.append(fitness)
+        self.record_fitness(fitness)
         return np.float64(fitness)
 
     def _policy_forward(self, model, ids: torch.Tensor, attn: torch.Tensor, action_mask: torch.Tensor,

@@ -16,10 +16,14 @@ Read top to bottom in :meth:`LLMPPO.learn`:
    the turn's tokens (``"mean"``);
 3. GAE across turns (a turn is one action; its reward counts once), optional whitening,
    advantages broadcast to the turn's tokens.  ``action_granularity="token"`` instead runs
-   GAE over action tokens with each turn's reward on its last token;
-4. ``update_epochs`` passes of minibatches: clipped policy loss (+ ``beta`` * k3 KL to the
-   reference) - ``ent_coef`` * entropy on the actor, ``vf_coef`` * clipped value loss on the
-   critic; gradients clipped per group, one optimizer step.
+   GAE over action tokens with each turn's reward on its last token.  An episode cut short (a turn
+   limit or the context length, ``truncated``) is not terminal: GAE bootstraps it from the critic's
+   value of the conversation after its last turn;
+4. ``update_epochs`` passes of minibatches (fewer when ``target_kl`` is exceeded): clipped policy
+   loss (+ ``beta`` * k3 KL to the reference) - ``ent_coef`` * entropy on the actor, ``vf_coef`` *
+   value loss (clipped by ``value_clip``) on the critic; gradients clipped per group, one optimizer
+   step.  Steps 2-4 are :func:`evollm.algorithms.ppo_update.ppo_update`, the one PPO update, run with
+   this member alone or with others that share its passes.
 """
 
 from __future__ import annotations
@@ -31,11 +35,12 @@ import torch
 from .. import functional as F
 from evollm.parallel import zero
 from evollm.parallel.distributed import all_reduce_gradients
-from ..rollout import action_start, first_target, forward_logits, loss_forward
 from .base import AgentConfig
+from ..utils.fields import documented
 from .compat import AgileRLMetrics, with_turn_ids
 from .multiturn_rollout import (EpisodeAgent, EpisodeBatch, episode_batch, last_token_of_turn, pack_actions,
                                 unpack_actions)
+from .ppo_update import common_width, head_values, member_forward, ppo_update, value_adapter
 
 GRANULARITIES = ("turn", "token", "auto")
 TURN_VALUE_REDUCTIONS = ("first", "last", "mean")
@@ -49,21 +54,26 @@ class LLMPPOConfig(AgentConfig):
     ``lr_actor`` are kept equal (setting either sets both)."""
 
     lr: float = 1e-4
-    lr_actor: float | None = None
-    lr_critic: float | None = None
-    #: clip of the value loss around the old values (``|V - V_old| <= value_clip``); None: unclipped. Its own
-    #: setting: the policy clip (clip_coef / clip_low / clip_high) never moves it
-    value_clip: float | None = 0.2
-    vf_coef: float = 0.5
-    ent_coef: float = 0.0
-    gamma: float = 1.0
-    gae_lambda: float = 0.95
+    lr_actor: float | None = documented(None, "AdamW learning rate of the actor adapter; None: lr (afterwards lr "
+                                        "and lr_actor are kept equal: setting either sets both).")
+    lr_critic: float | None = documented(None, "Learning rate of the critic adapter and the value head; None: "
+                                         "lr_actor.")
+    value_clip: float | None = documented(
+        0.2, "Clip of the value loss around the old values (|V - V_old| <= value_clip); None: unclipped. Its own "
+        "setting: the policy clip (clip_coef / clip_low / clip_high) never moves it.")
+    vf_coef: float = documented(0.5, "Weight of the value loss.")
+    ent_coef: float = documented(0.0, "Weight of the entropy bonus.")
+    gamma: float = documented(1.0, "Discount across turns.")
+    gae_lambda: float = documented(0.95, "GAE lambda across turns (or tokens with action_granularity='token').")
     update_epochs: int = 2
     batch_size: int = 8
-    group_size: int = 1
-    action_granularity: str = "turn"
-    turn_value_reduce: str = "first"
-    adv_whitening: bool = True
+    group_size: int = documented(1, "Samples (episodes) per prompt or seed.")
+    action_granularity: str = documented("turn", "'turn': a turn is one action (GAE across turns, its reward "
+                                         "counted once); 'token': GAE over action tokens, each turn's reward on "
+                                         "its last token; 'auto': token for single-turn episodes, else turn.")
+    turn_value_reduce: str = documented("first", "Value of a turn: 'first' (the state before the turn), 'last' (at "
+                                        "its last action token) or 'mean' (over its tokens).")
+    adv_whitening: bool = documented(True, "Whiten advantages per update.")
 
     def validate(self) -> None:
         super().validate()
@@ -126,24 +136,22 @@ class LLMPPO(EpisodeAgent):
             self._set_group_lr("critic", value)
 
     # ------------------------------------------------------------------ critic
-    def _token_values(self, ids: torch.Tensor, attn: torch.Tensor, first: int = 0) -> torch.Tensor:
+    def critic_values(self, ids: torch.Tensor, attn: torch.Tensor, first: int = 0) -> torch.Tensor:
         """``[B, L-1]`` critic values; position ``t`` is the value of the prefix ``ids[:, :t+1]`` (the state
-        from which ``ids[:, t+1]`` is generated), from column ``first`` on (0 before it: the columns no action
-        reads; the prompt runs once per group, see :func:`evollm.rollout.forward_logits`, and the output head
-        not at all). Gradients flow when called with grad enabled."""
-        with loss_forward(self.shared, self.adapter_name("critic"), torch.is_grad_enabled(),
-                          self.config.disable_dropout) as model:
-            hidden = forward_logits(model, ids, attn, first, head=False)[1]
-        values = self.value_head(hidden.to(self.value_head.weight.dtype)).squeeze(-1)
-        return torch.nn.functional.pad(values, (first, 0))
+        from which ``ids[:, t+1]`` is generated), computed from column ``first`` on (the columns no action
+        reads are the value of an all-zero state; the prompt runs once per group and the output head not at
+        all, see :func:`evollm.rollout.forward_logits`). Gradients flow when called with grad enabled."""
+        with member_forward([self], [value_adapter(self)], torch.is_grad_enabled()) as forward:
+            return head_values(self, forward(ids, attn, True, first, logits=False)[1])
 
     def get_values(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """``[B, L-1]`` critic values of every prefix (see :meth:`_token_values`). No gradients."""
+        """``[B, L-1]`` critic values of every prefix that predicts a token (see :meth:`critic_values`).
+        No gradients."""
         attn = torch.ones_like(input_ids) if attention_mask is None else attention_mask
         with torch.no_grad():
-            return self._token_values(input_ids.to(self.device), attn.to(self.device))
+            return self.critic_values(input_ids.to(self.device), attn.to(self.device))
 
-    def _state_values(self, token_values: torch.Tensor, batch: EpisodeBatch, token_level: bool):
+    def state_values(self, token_values: torch.Tensor, batch: EpisodeBatch, token_level: bool):
         """The values the critic is trained on: per token (token level) or per turn. Returns
         ``(values, mask)``, ``[B, T]`` or ``[B, K]``."""
         if token_level:
@@ -156,24 +164,28 @@ class LLMPPO(EpisodeAgent):
         return values, batch.turn_mask()
 
     # ------------------------------------------------------------------ advantages
-    def _token_level(self, batch: EpisodeBatch) -> bool:
+    def is_token_level(self, batch: EpisodeBatch) -> bool:
+        """Whether GAE runs over action tokens for ``batch`` (action_granularity token, or auto on one turn)."""
         g = self.config.action_granularity
         return g == "token" or (g == "auto" and batch.num_turns == 1)
 
-    def _advantages(self, batch: EpisodeBatch, old_values: torch.Tensor, value_mask: torch.Tensor, token_level: bool):
+    def gae_advantages(self, batch: EpisodeBatch, old_values: torch.Tensor, value_mask: torch.Tensor, token_level: bool,
+                        bootstrap: torch.Tensor | None = None):
         """``(token advantages [B, T], returns, advantages)``; returns/advantages are per turn ``[B, K]``
-        or per token ``[B, T]``, like ``old_values``."""
+        or per token ``[B, T]``, like ``old_values``. ``bootstrap``: ``[B]`` value after each episode's last
+        turn (:func:`evollm.functional.truncation_bootstrap`: the critic's, for an episode cut short; 0 for
+        one that ended)."""
         c = self.config
         if token_level:
             last = last_token_of_turn(batch.turn_ids, batch.num_turns)
             token_rewards = torch.where(last, F.broadcast_turn_values(batch.rewards, batch.turn_ids), 0.0)
             r, m, index = pack_actions(token_rewards, value_mask)
             v, _, _ = pack_actions(old_values, value_mask)
-            adv, ret = F.gae(r, v, m, c.gamma, c.gae_lambda)
+            adv, ret = F.gae(r, v, m, c.gamma, c.gae_lambda, last_values=bootstrap)
             width = old_values.shape[1]
             adv, ret = unpack_actions(adv, m, index, width), unpack_actions(ret, m, index, width)
         else:
-            adv, ret = F.gae(batch.rewards, old_values, value_mask, c.gamma, c.gae_lambda)
+            adv, ret = F.gae(batch.rewards, old_values, value_mask, c.gamma, c.gae_lambda, last_values=bootstrap)
         if c.adv_whitening:
             adv = F.masked_whiten(adv, value_mask)
         token_adv = adv if token_level else F.broadcast_turn_values(adv, batch.turn_ids)
@@ -182,79 +194,29 @@ class LLMPPO(EpisodeAgent):
     def advantages(self, experiences) -> dict[str, torch.Tensor]:
         """The quantities :meth:`learn` would train on, for inspection: ``advantages`` ([B, T], per
         token), ``returns`` and ``values`` (per turn ``[B, K]``, or per token at token granularity)."""
-        batch = episode_batch(experiences, self.pad_token_id)
-        token_level = self._token_level(batch)
-        values, vmask = self._state_values(self.get_values(batch.input_ids, batch.attention_mask).cpu(), batch,
-                                           token_level)
-        token_adv, returns, _ = self._advantages(batch, values, vmask, token_level)
-        return {"advantages": token_adv, "returns": returns, "values": values}
+        given = episode_batch(experiences, self.pad_token_id)
+        batch = common_width([given], self.pad_token_id)[0]  # a column more when an episode was cut short
+        token_level = self.is_token_level(batch)
+        with torch.no_grad():
+            token_values = self.critic_values(batch.input_ids.to(self.device),
+                                              batch.attention_mask.to(self.device)).cpu()
+        values, vmask = self.state_values(token_values, batch, token_level)
+        boot = F.truncation_bootstrap(token_values, batch.action_mask, batch.truncated)
+        token_adv, returns, _ = self.gae_advantages(batch, values, vmask, token_level, boot)
+        width = given.action_mask.shape[1]
+        if token_level:
+            returns, values = returns[:, :width], values[:, :width]
+        return {"advantages": token_adv[:, :width], "returns": returns, "values": values}
 
     # ------------------------------------------------------------------ learning
     def learn(self, experiences, turn_ids=None) -> dict[str, float]:
         """One PPO update from ``(ids, action_masks, turn_ids, rewards[B, K])`` (multi-turn episodes, see
-        :func:`~evollm.rollout.stack_episodes`) or ``(completion_ids, action_masks,
-        rewards)`` (single turn, as from :meth:`get_action`). Returns mean metrics."""
+        :func:`~evollm.rollout.stack_episodes`; a 5th element ``truncated[B]`` marks episodes cut short, which
+        are bootstrapped from the critic) or ``(completion_ids, action_masks, rewards)`` (single turn, as
+        from :meth:`get_action`). Returns mean metrics. The update is :func:`~evollm.algorithms.ppo_update.
+        ppo_update` with this one member."""
         experiences = with_turn_ids(experiences, turn_ids)  # AgileRL's learn((ids, masks, rewards), turn_ids=)
-        c = self.config
-        batch = episode_batch(experiences, self.pad_token_id)
-        dev = self.device
-        ids, attn, mask = batch.input_ids.to(dev), batch.attention_mask.to(dev), batch.action_mask.to(dev)
-        batch = EpisodeBatch(ids, attn, mask, batch.turn_ids.to(dev), batch.rewards.to(dev))
-        token_level = self._token_level(batch)
-        n = ids.shape[0]
-        needs_old = c.update_epochs > 1 or c.batch_size < n
-        with torch.no_grad():
-            first = first_target(mask)  # the loss reads no column before the first action token
-            old_values, vmask = self._state_values(self._token_values(ids, attn, action_start(mask)), batch,
-                                                   token_level)
-            old_logp = self.get_logprobs(ids, attn, start=first) if needs_old else None
-            ref_logp = self.get_logprobs(ids, attn, use_reference=True, start=first) if c.beta > 0 else None
-            token_adv, returns, _ = self._advantages(batch, old_values, vmask, token_level)
-
-        stats: dict[str, list[float]] = {k: [] for k in ("loss", "policy_loss", "value_loss", "entropy", "kl",
-                                                         "clip_fraction", "grad_norm_actor", "grad_norm_critic",
-                                                         "shared_prompt")}
-        gen = torch.Generator().manual_seed(c.seed + self.steps)
-        for _ in range(c.update_epochs):
-            order = torch.randperm(n, generator=gen)
-            for start in range(0, n, c.batch_size):
-                rows = order[start:start + c.batch_size].to(dev)
-                sub = EpisodeBatch(ids[rows], attn[rows], mask[rows], batch.turn_ids[rows], batch.rewards[rows])
-                self.optimizer.zero_grad(set_to_none=True)
-                # actor: clipped policy loss (+ KL) - entropy bonus
-                with loss_forward(self.shared, self.adapter_name("actor"), True, c.disable_dropout) as model:
-                    info: dict = {}
-                    logp, entropy = self._policy_forward(model, sub.input_ids, sub.attention_mask, sub.action_mask,
-                                                         c.ent_coef != 0, info)
-                    entropy = F.masked_mean(entropy, sub.action_mask)
-                    pg_loss, st = F.policy_loss_with_stats(
-                        logp, old_logp[rows] if old_logp is not None else logp.detach(), token_adv[rows],
-                        sub.action_mask, loss_type="dapo", clip_low=c.clip_range()[0], clip_high=c.clip_range()[1],
-                        ref_logp=ref_logp[rows] if ref_logp is not None else None, beta=c.beta)
-                    actor_loss = pg_loss - c.ent_coef * entropy
-                    zero.track(self.optimizer, actor_loss, "actor").backward()
-                # critic: clipped value loss
-                values, _ = self._state_values(self._token_values(sub.input_ids, sub.attention_mask,
-                                                                  action_start(sub.action_mask)), sub, token_level)
-                v_loss = F.value_loss(values, old_values[rows], returns[rows], vmask[rows], clip=c.value_clip)
-                zero.track(self.optimizer, c.vf_coef * v_loss, "critic").backward()
-                for name, norm in zip(("grad_norm_actor", "grad_norm_critic"), self.clip_and_step_groups()):
-                    stats[name].append(norm)
-                stats["loss"].append(float(actor_loss.detach() + c.vf_coef * v_loss.detach()))
-                stats["policy_loss"].append(float(pg_loss.detach()))
-                stats["value_loss"].append(float(v_loss.detach()))
-                stats["entropy"].append(float(entropy.detach()))
-                stats["kl"].append(st["kl"])
-                stats["clip_fraction"].append(st["clip_fraction"])
-                stats["shared_prompt"].append(info["shared_prompt"])
-        self.steps += 1
-        metrics = {k: sum(v) / len(v) for k, v in stats.items()}
-        episode_returns = batch.episode_returns()
-        metrics.update(mean_reward=float(episode_returns.mean()), mean_return=float(episode_returns.mean()),
-                       explained_variance=_explained_variance(old_values, returns, vmask),
-                       mean_turns=float(batch.turn_mask().sum(1).float().mean()),
-                       completion_length=float(mask.sum(1).float().mean()))
-        return AgileRLMetrics(metrics)
+        return AgileRLMetrics(ppo_update([self], [experiences])[0])
 
     def clip_and_step_groups(self) -> tuple[float, float]:
         """Clip the actor's and the critic's gradients to ``max_grad_norm`` each, then one optimizer
@@ -277,12 +239,3 @@ class LLMPPO(EpisodeAgent):
         if not params:
             return 0.0
         return float(torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm else float("inf")))
-
-
-def _explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float:
-    """``1 - Var(R - V) / Var(R)`` over valid cells (nan when the returns do not vary)."""
-    m = mask.bool()
-    r, v = returns[m].float(), values[m].float()
-    if r.numel() < 2 or float(r.var()) == 0.0:
-        return float("nan")
-    return float(1.0 - (r - v).var() / r.var())

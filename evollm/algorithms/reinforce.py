@@ -23,11 +23,15 @@ import torch
 from .. import functional as F
 from ..rollout import first_target, loss_forward
 from .base import AgentConfig, LLMAgent
+from ..utils.fields import documented
 from .compat import with_turn_ids
+from .updates import mean_metrics, record, run_epochs
 from .multiturn_rollout import (EpisodeAgent, EpisodeBatch, episode_batch, last_token_of_turn, pack_actions,
                                 unpack_actions)
 
 GRANULARITIES = ("turn", "token", "auto")
+#: the per-minibatch metrics of an update (``kl``: k3 to the reference; ``approx_kl``: to the sampling policy)
+METRICS = ("loss", "kl", "approx_kl", "clip_fraction", "entropy", "grad_norm", "shared_prompt")
 
 
 @dataclass
@@ -35,11 +39,13 @@ class LLMREINFORCEConfig(AgentConfig):
     """REINFORCE hyperparameters (see :class:`AgentConfig` for the shared ones)."""
 
     lr: float = 1e-4
-    gamma: float = 1.0
+    gamma: float = documented(1.0, "Discount across turns of the returns.")
     update_epochs: int = 1
     batch_size: int = 8
-    group_size: int = 1
-    action_granularity: str = "turn"
+    group_size: int = documented(1, "Samples (episodes) per prompt or seed.")
+    action_granularity: str = documented("turn", "'turn': returns per turn, z-scored over the batch's (episode, "
+                                         "turn) cells; 'token': per-token returns, each turn's reward on its last "
+                                         "token; 'auto': token for single-turn episodes, else turn.")
 
     def validate(self) -> None:
         super().validate()
@@ -92,30 +98,25 @@ class LLMREINFORCE(EpisodeAgent):
         ref_logp = self.get_logprobs(ids, attn, use_reference=True, start=first) if c.beta > 0 else None
         params = self.shared.parameters(self.adapter_name("actor"))
 
-        stats: dict[str, list[float]] = {k: [] for k in ("loss", "kl", "clip_fraction", "entropy", "grad_norm",
-                                                         "shared_prompt")}
-        gen = torch.Generator().manual_seed(c.seed + self.steps)
+        low, high = c.clip_range()
+
+        def step(members, rows, stats) -> None:
+            rows, st = rows[0].to(dev), stats[0]
+            info: dict = {}
+            logp, entropy = self._policy_forward(model, ids[rows], attn[rows], mask[rows], info=info)
+            # with old == current (first pass) the clipped surrogate's gradient is exactly -A * grad log pi
+            loss, s = F.policy_loss_with_stats(
+                logp, old_logp[rows] if old_logp is not None else logp.detach(), advantages[rows], mask[rows],
+                loss_type="dapo", clip_low=low, clip_high=high,
+                ref_logp=ref_logp[rows] if ref_logp is not None else None, beta=c.beta)
+            record(st, grad_norm=self.optimizer_step(loss, params), loss=loss.detach(), kl=s["kl"],
+                   approx_kl=s["approx_kl"], clip_fraction=s["clip_fraction"],
+                   entropy=F.masked_mean(entropy, mask[rows]), shared_prompt=info["shared_prompt"])
+
         with loss_forward(self.shared, self.adapter_name("actor"), True, c.disable_dropout) as model:
-            for _ in range(c.update_epochs):
-                order = torch.randperm(n, generator=gen)
-                for start in range(0, n, c.batch_size):
-                    rows = order[start:start + c.batch_size].to(dev)
-                    info: dict = {}
-                    logp, entropy = self._policy_forward(model, ids[rows], attn[rows], mask[rows], info=info)
-                    entropy = F.masked_mean(entropy, mask[rows])
-                    # with old == current (first pass) the clipped surrogate's gradient is exactly -A * grad log pi
-                    loss, st = F.policy_loss_with_stats(
-                        logp, old_logp[rows] if old_logp is not None else logp.detach(), advantages[rows], mask[rows],
-                        loss_type="dapo", clip_low=c.clip_range()[0], clip_high=c.clip_range()[1],
-                        ref_logp=ref_logp[rows] if ref_logp is not None else None, beta=c.beta)
-                    stats["grad_norm"].append(self.optimizer_step(loss, params))
-                    stats["loss"].append(float(loss.detach()))
-                    stats["kl"].append(st["kl"])
-                    stats["clip_fraction"].append(st["clip_fraction"])
-                    stats["entropy"].append(float(entropy))
-                    stats["shared_prompt"].append(info["shared_prompt"])
+            stats = run_epochs([self], n, step, [{k: [] for k in METRICS}])[0]
         self.steps += 1
-        metrics = {k: sum(v) / len(v) for k, v in stats.items()}
+        metrics = mean_metrics(stats)
         returns = batch.episode_returns()
         metrics.update(mean_reward=float(returns.mean()), mean_return=float(returns.mean()),
                        mean_turns=float(batch.turn_mask().sum(1).float().mean()),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,9 +26,23 @@ class ParamSection(Section):
     choices: list[Any] | None = option(None, "Values of a categorical parameter.")
 
     def finalize(self) -> None:
-        self.parameter()
+        if not self.uses_default_range():
+            self.parameter()
 
-    def parameter(self):
+    def uses_default_range(self) -> bool:
+        """Neither bounds nor choices given: the name's default range applies (evollm.hpo.DEFAULT_RANGES)."""
+        return self.min is None and self.max is None and self.choices is None and self.dtype != "categorical"
+
+    def parameter(self, name: str | None = None):
+        if name is not None and self.uses_default_range():
+            from evollm.hpo.defaults import DEFAULT_RANGES
+            if name not in DEFAULT_RANGES:
+                raise ConfigError(f"{self.path()}: no default range for {name!r}; give min and max (names with a "
+                                  f"default: {sorted(DEFAULT_RANGES)})")
+            spec = {**self.to_dict(), **DEFAULT_RANGES[name]}
+            spec["dtype"] = DEFAULT_RANGES[name].get("dtype", "float")
+            from evollm.hpo import RLParameter
+            return RLParameter(**spec)
         from evollm.hpo import RLParameter
         try:
             return RLParameter(**self.to_dict())
@@ -39,10 +54,18 @@ class ParamSection(Section):
 class MutationSection(Section):
     """How clones are mutated (see :class:`evollm.hpo.Mutations`); probabilities are normalised."""
 
-    no_mutation: float = option(0.4, "Relative probability of leaving a clone unchanged.")
-    rl_hp: float = option(0.6, "Relative probability of mutating one hpo.hp_config hyperparameter.")
+    no_mutation: float = option(0.0, "Relative probability of leaving a clone unchanged (0: every clone "
+                                "explores; a clone identical to its parent only duplicates it).")
+    rl_hp: float = option(1.0, "Relative probability of mutating one hpo.hp_config hyperparameter.")
     lora_rank: float = option(0.0, "Relative probability of resizing the adapters (needs hp_config.lora_rank).")
     explore_prob: float = option(0.0, "Probability that a mutation resamples over the whole range.")
+    model_prob: float = option(0.0, "Probability that a mutation takes every hp_config value from a model fitted on "
+                               "the population's own history (PB2-style: hyperparameters -> score improvement "
+                               "between selections).")
+    model_sampler: str = option("gp", "The model of model_prob: 'gp' (Optuna's GPSampler, as PB2) or 'tpe'.",
+                                choices=("gp", "tpe"))
+    model_history: int = option(64, "Most recent observations (one per member per selection) the model is "
+                                "fitted on.")
     resample_prob: float | None = option(None, "PBT name of explore_prob (resample from the prior); wins when set.")
     perturb: str = option("one", "'one': each rl_hp mutation changes one hp_config hyperparameter; 'all': every "
                           "one (PBT's explore step).", choices=("one", "all"))
@@ -65,9 +88,13 @@ class SelectionSection(Section):
     tournament_size: int = option(2, "Members per tournament.", when={"type": ("tournament",)})
     elitism: bool = option(True, "Keep the best member unchanged.", when={"type": ("tournament",)})
     quantile: float = option(0.25, "Fraction replaced by truncation.", when={"type": ("truncation",)})
-    fitness: str = option("last", "Rank by the 'last' fitness or the 'mean' of the last `window`.",
-                          choices=("last", "mean"))
-    window: int | None = option(None, "Evaluations averaged with fitness: mean (default eval_loop).")
+    fitness: str = option("train", "Rank on 'train': the running mean of the training rewards of the last "
+                          "`window` steps (free, no evaluation needed, as the PBT paper ranks; the default: it beat "
+                          "held-out ranking at equal CPU, benchmarks/evolution_defaults.py), the 'last' held-out "
+                          "fitness, or the 'mean' of the last `window` evaluations.",
+                          choices=("last", "mean", "train"))
+    window: int | None = option(None, "Evaluations averaged with fitness: mean (default eval_loop), or steps "
+                                "with fitness: train (default 10).")
     eval_loop: int = option(1, "Evaluations per generation.")
 
     def build(self, population_size: int, seed: int):
@@ -83,12 +110,89 @@ class SelectionSection(Section):
 
 
 @dataclass
+class NarrowingSection(Section):
+    """A population that narrows as the budget is spent (see :class:`evollm.hpo.narrowing.Narrowing`)."""
+
+    at: list[float] = option([0.25, 0.5], "Fractions of the budget (train.max_steps, and train.max_time when set) at "
+                             "which the worst members are released (default: 8 members train as 8 for the first "
+                             "quarter, as 4 for the second, as 2 for the last half); [] keeps the population whole.")
+    keep: float = option(0.5, "Share of the members kept at each of `at` (rounded up).")
+    min_size: int = option(2, "Never narrow below this many members.")
+
+    def build(self):
+        """The :class:`~evollm.hpo.narrowing.Narrowing`, or ``None`` when ``at`` is empty."""
+        if not self.at:
+            return None
+        from evollm.hpo.narrowing import Narrowing
+        try:
+            return Narrowing(at=self.at, keep=self.keep, min_size=self.min_size)
+        except ValueError as e:
+            raise ConfigError(f"hpo.narrowing: {e}") from e
+
+    def finalize(self) -> None:
+        self.build()
+
+    def check(self, selection) -> None:
+        """A min_size set below what ``selection`` needs is an error (the default one is raised to it)."""
+        narrowing = self.build()
+        if narrowing is not None and self.given("min_size") and narrowing.min_size < selection.min_population:
+            raise ConfigError(f"hpo.narrowing.min_size={narrowing.min_size} is below what hpo.selection needs "
+                              f"({selection.min_population} members); raise it")
+
+
+@dataclass
 class HPOSection(Section):
     """Evolutionary hyperparameter optimisation (used when train.evo_steps is set)."""
 
     hp_config: dict[str, ParamSection] = option({}, "Evolvable hyperparameters by name (any of the algorithm's "
-                                                "mutable hyperparameters, or lora_rank).")
+                                                "mutable hyperparameters, or lora_rank); a name with no min/max "
+                                                "({}) takes its default range. Not given and population_size > 1: "
+                                                "the learning rate(s), log-uniform 1e-5..1e-2 (LoRA's range; "
+                                                "evollm.hpo.defaults), except names set in "
+                                                "algorithm.hyperparameters.")
     mutation: MutationSection = option(default_factory=MutationSection, help="Mutation settings.",
                                        when={"train.evo_steps": _evolving})
     selection: SelectionSection = option(default_factory=SelectionSection, help="Selection settings.",
                                          when={"train.evo_steps": _evolving})
+    narrowing: NarrowingSection = option(default_factory=NarrowingSection, help="Narrowing of the population as "
+                                         "the budget is spent (successive halving into PBT).")
+
+    def parameters(self) -> dict:
+        """``{name: RLParameter}`` of hp_config (default ranges filled in)."""
+        return {name: spec.parameter(name) for name, spec in self.hp_config.items()}
+
+    def search_space(self, population_size: int, evolvable, fixed):
+        """hp_config (default ranges filled in), or, with several members and no hp_config given, the
+        default space (:func:`evollm.hpo.defaults.default_hp_config` over ``evolvable()``, less the names
+        in ``fixed``: values the user set); ``None`` when nothing evolves."""
+        from evollm.hpo import HyperparameterConfig
+        from evollm.hpo.defaults import default_hp_config
+
+        params = self.parameters()
+        if params:
+            return HyperparameterConfig(**params)
+        if self.given("hp_config") or population_size < 2:
+            return None
+        return default_hp_config(evolvable(), fixed=fixed)
+
+
+def check_ranges(space, agent_config) -> None:
+    """Every bound (or choice) of an evolvable hyperparameter of ``space`` (a HyperparameterConfig or
+    ``None``) must be a valid value of it for ``agent_config``."""
+    for name, spec in (space or {}).items():
+        bounds = {"choices": spec.choices} if spec.is_categorical else {"min": [spec.min], "max": [spec.max]}
+        for key, values in bounds.items():
+            for value in values:
+                value = int(value) if spec.dtype_name == "int" else value
+                if name == "lora_rank":
+                    ok, why = isinstance(value, (int, float)) and value >= 1, "a rank must be >= 1"
+                else:
+                    trial = dataclasses.replace(agent_config)
+                    setattr(trial, name, value)
+                    try:
+                        trial.validate()
+                        ok, why = True, ""
+                    except (TypeError, ValueError) as e:
+                        ok, why = False, str(e)
+                if not ok:
+                    raise ConfigError(f"hpo.hp_config.{name}.{key}={value!r} is not a valid {name}: {why}")

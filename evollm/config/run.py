@@ -15,7 +15,8 @@ Sections (all optional except ``algorithm``)::
     train:     {max_steps: 60, evaluation_interval: 10, evo_steps: 20, checkpoint_every: 10}
     logging:   {tensorboard: true, wandb: false, mlflow: false, plots: true}
 
-Every field below is documented in place; ``evollm.config.describe_config()`` prints them all.
+Every field below is documented in place; ``evollm.config.describe_config()`` prints them all (and every
+algorithm's hyperparameters).
 To add a setting, add one ``name: type = option(default, "help", ...)`` line to its section.
 """
 
@@ -28,9 +29,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from evollm.config.hpo import HPOSection
+from evollm.config.hpo import HPOSection, check_ranges
 from evollm.config.schema import (
-    ConfigError, Section, apply_override, check_no_effect, coerce, did_you_mean, document, option,
+    ConfigError, Section, apply_override, check_no_effect, coerce, did_you_mean, option,
     read_yaml, resolve_paths, unknown_key_error,
 )
 
@@ -128,6 +129,9 @@ class TaskSection(Section):
                          "config's folder or the working directory) to a function (completion, answer, "
                          "question) -> float, or a TRL-style (completions, **kwargs) -> list[float].",
                          when={"name": SINGLE_TURN_TASKS})
+    reward_timeout: float | None = option(None, "Seconds one reward call may take; a call still running then "
+                                          "stops the run with one line naming the sample (the last checkpoint "
+                                          "kept); null: no limit.", when={"name": SINGLE_TURN_TASKS})
     n_train: int | None = option(None, "Training questions: generated (arithmetic, default 2000) or the first "
                                  "rows kept (dataset, default all).", when={"name": SINGLE_TURN_TASKS})
     n_test: int | None = option(None, "Held-out evaluation questions, fixed for the whole run (arithmetic: "
@@ -194,6 +198,8 @@ class TaskSection(Section):
         for name in ("n_train", "n_test"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ConfigError(f"task.{name} must be >= 1, got {getattr(self, name)}")
+        if self.reward_timeout is not None and not self.reward_timeout > 0:
+            raise ConfigError(f"task.reward_timeout must be > 0 seconds or null, got {self.reward_timeout}")
         from evollm.tasks.user import BUILTIN_REWARDS, check_reward_name
         try:
             check_reward_name(self.reward)
@@ -277,7 +283,7 @@ class AlgorithmSection(Section):
     init_sampler: str | None = option("qmc", "Draw each founder's hpo.hp_config values with this sampler "
                                       "(scrambled-Sobol 'qmc' by default; null: identical founders). A value "
                                       "set in algorithm.hyperparameters is kept for every founder.",
-                                      choices=("random", "qmc", "tpe"), when={"hpo.hp_config": bool})
+                                      choices=("random", "qmc", "tpe"), when={"population_size": lambda n: n > 1})
 
     def finalize(self) -> None:
         if self.population_size < 1:
@@ -326,8 +332,11 @@ class TrainSection(Section):
 
     max_steps: int = option(100, "Training steps (every member answers one batch of prompts and learns once per "
                             "step; AgileRL counts prompts instead).")
-    max_time: float | None = option(None, "Wall-clock budget in seconds: the run stops after the step that "
-                                    "crosses it, with a final evaluation; null: no limit.")
+    max_time: float | None = option(None, "Time budget in seconds (on max_time_clock): the run stops after the step "
+                                    "that crosses it, with a final evaluation; null: no limit.")
+    max_time_clock: str = option("wall", "Clock of max_time (and of hpo.narrowing): 'wall' seconds, or 'cpu': this "
+                                 "process's CPU seconds over all its threads (fairer on a shared machine).",
+                                 choices=("wall", "cpu"), when={"max_time": lambda v: v is not None})
     evaluation_interval: int = option(10, "Steps between evaluations of every member on the fixed test set.")
     evo_steps: int | None = option(None, "Steps between selections (a multiple of evaluation_interval); "
                                    "null: no evolution.")
@@ -340,7 +349,11 @@ class TrainSection(Section):
                                           "output_dir/checkpoints/step_N (also at every selection, on "
                                           "SIGINT/SIGTERM and at the end); null: every evaluation_interval; "
                                           "0: only at selections, signals and the end.")
-    keep_checkpoints: int | None = option(3, "Newest checkpoints kept; null keeps all.")
+    keep_checkpoints: int | None = option(3, "Newest checkpoints kept (and the newest one in which some member "
+                                          "was healthy); null keeps all.")
+    stop_grace: float | None = option(20.0, "Seconds SIGINT/SIGTERM waits for the current step to end and be "
+                                      "saved; a step still running then is abandoned and the last checkpoint "
+                                      "kept (a stop takes at most this plus one checkpoint write); null: wait.")
     episodes_per_step: int = option(16, "Training seeds per step of a multi-turn game (all processes together: "
                                     "a multiple of their number under accelerate launch).",
                                     when={"env.type": ("multiturn",)})
@@ -354,17 +367,28 @@ class TrainSection(Section):
         for name in ("max_steps", "evaluation_interval", "episodes_per_step", "eval_episodes"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"train.{name} must be >= 1, got {getattr(self, name)}")
-        if self.evo_steps is not None and (self.evo_steps < self.evaluation_interval
-                                           or self.evo_steps % self.evaluation_interval):
-            raise ConfigError(f"train.evo_steps={self.evo_steps} must be a multiple of train.evaluation_interval="
-                              f"{self.evaluation_interval} (selection needs a fresh evaluation)")
         if self.checkpoint_every is not None and self.checkpoint_every < 0:
             raise ConfigError(f"train.checkpoint_every must be >= 0 or null, got {self.checkpoint_every}")
         if self.keep_checkpoints is not None and self.keep_checkpoints < 1:
             raise ConfigError(f"train.keep_checkpoints must be >= 1 or null, got {self.keep_checkpoints}")
+        if self.stop_grace is not None and not self.stop_grace > 0:
+            raise ConfigError(f"train.stop_grace must be > 0 seconds or null, got {self.stop_grace}")
 
     def checkpoint_interval(self) -> int:
         return self.evaluation_interval if self.checkpoint_every is None else self.checkpoint_every
+
+    def loop_settings(self, output_dir: str | Path, seed: int, resume: bool = False, run_config: dict | None = None,
+                      verbose: bool = True):
+        """The :class:`~evollm.training.settings.LoopSettings` of this section (paths resolved against
+        ``output_dir``: checkpoints in ``output_dir/checkpoints``, elites in ``output_dir/elites`` by default)."""
+        from evollm.training.settings import LoopSettings
+
+        out = Path(output_dir)
+        return LoopSettings(max_steps=self.max_steps, evaluation_interval=self.evaluation_interval,
+                            evo_steps=self.evo_steps, max_time=self.max_time, save_elite=self.save_elite,
+                            elite_path=self.elite_path or str(out / "elites"), checkpoint_dir=str(out / "checkpoints"),
+                            checkpoint_every=self.checkpoint_interval(), keep_checkpoints=self.keep_checkpoints,
+                            stop_grace=self.stop_grace, resume=resume, run_config=run_config, seed=int(seed), verbose=verbose)
 
 
 @dataclass
@@ -462,31 +486,22 @@ class RunConfig(Section):
             raise ConfigError("hpo.hp_config has no effect without train.evo_steps or algorithm.init_sampler; "
                               "set one or remove it")
         _check_evolvable(self.hpo.hp_config, self.algorithm)
+        train = self.train
+        if train.evo_steps is not None and self.hpo.selection.fitness != "train" and (
+                train.evo_steps < train.evaluation_interval or train.evo_steps % train.evaluation_interval):
+            raise ConfigError(f"train.evo_steps={train.evo_steps} must be a multiple of train.evaluation_interval="
+                              f"{train.evaluation_interval} (selection needs a fresh evaluation; or rank on training "
+                              "rewards with hpo.selection.fitness: train)")
         check_no_effect(self)
-        self._check_ranges(self.algorithm.agent_config(self.seed))
+        check_ranges(self.hp_config(), self.algorithm.agent_config(self.seed))
         if self.train.evo_steps is not None:
             self.hpo.mutation.build(self.seed)
-            self.hpo.selection.build(self.algorithm.population_size, self.seed)
+            self.hpo.narrowing.check(self.hpo.selection.build(self.algorithm.population_size, self.seed))
 
-    def _check_ranges(self, agent_config) -> None:
-        """Every bound (or choice) of an evolvable hyperparameter must be a valid value of it."""
-        for name, spec in self.hpo.hp_config.items():
-            bounds = {"choices": spec.choices} if spec.choices is not None else {"min": [spec.min], "max": [spec.max]}
-            for key, values in bounds.items():
-                for value in values:
-                    value = int(value) if spec.dtype == "int" else value
-                    if name == "lora_rank":
-                        ok, why = isinstance(value, (int, float)) and value >= 1, "a rank must be >= 1"
-                    else:
-                        trial = dataclasses.replace(agent_config)
-                        setattr(trial, name, value)
-                        try:
-                            trial.validate()
-                            ok, why = True, ""
-                        except (TypeError, ValueError) as e:
-                            ok, why = False, str(e)
-                    if not ok:
-                        raise ConfigError(f"hpo.hp_config.{name}.{key}={value!r} is not a valid {name}: {why}")
+    def hp_config(self):
+        """The search space (:meth:`HPOSection.search_space`); ``None`` when nothing evolves."""
+        alg = self.algorithm
+        return self.hpo.search_space(alg.population_size, lambda: algorithm_class(alg.name).evolvable_names(alg.agent_config()), alg.hyperparameters)
 
     def resolve_paths(self) -> None:
         """Paths the run writes, relative to ``output_dir`` unless absolute (in place)."""
@@ -497,15 +512,8 @@ class RunConfig(Section):
 
 
 def _check_evolvable(names, alg: "AlgorithmSection") -> None:
-    cls = algorithm_class(alg.name)
-    evolvable = (list(cls.evolvable_names(alg.agent_config())) if hasattr(cls, "evolvable_names")
-                 else [*cls.MUTABLE, "lora_rank"])
+    evolvable = list(algorithm_class(alg.name).evolvable_names(alg.agent_config()))
     for name in names:
         if name not in evolvable:
             raise ConfigError(f"hpo.hp_config.{name}: {alg.name} cannot evolve it; "
                               f"{did_you_mean(name, evolvable)}evolvable: {sorted(evolvable)}")
-
-
-def describe_config() -> str:
-    """Every setting of a run config with its default and help text, one line each."""
-    return document(RunConfig)

@@ -409,14 +409,15 @@ def parse_override(item: str) -> tuple[str, list[str], Any]:
     try:
         value = yaml.safe_load(text) if text.strip() else None
     except yaml.YAMLError as e:
-        raise ConfigError(f"--set {item!r}: the value is not valid YAML ({getattr(e, 'problem', e)})") from e
+        hint = (f"; quote it: --set '{key.strip()}=\"{text}\"'" if text.strip()[:1] in "{[&*!|>%@`" else "")
+        raise ConfigError(f"--set {item!r}: the value is not valid YAML ({getattr(e, 'problem', e)}){hint}") from e
     return key.strip(), parts, value
 
 
 #: what ``evollm resume --set`` may change: the budget, how often the run evaluates and checkpoints,
 #: and the live logging. Everything else would make the resumed run another run.
 RESUME_SETTABLE = ("train.max_steps", "train.max_time", "train.evaluation_interval", "train.checkpoint_every",
-                   "train.keep_checkpoints", "logging")
+                   "train.keep_checkpoints", "train.stop_grace", "logging")
 
 
 def resume_settable(key: str) -> bool:

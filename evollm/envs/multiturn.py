@@ -83,6 +83,7 @@ class TokenObservationWrapper:
         self.eos_id = getattr(tokenizer, "eos_token_id", None)
         self._reset_takes_seed = _takes_seed(getattr(env, "reset", None))
         self.done = True
+        self.started = False  # reset() called at least once
         self._reset_state()
 
     def _reset_state(self) -> None:
@@ -131,6 +132,7 @@ class TokenObservationWrapper:
         ``info["context_overflow"]`` is True and the episode is already over (``step`` then only
         reports the truncation)."""
         self._reset_state()
+        self.started = True
         observation, info = self.env.reset(seed=seed) if self._reset_takes_seed else self.env.reset()
         observation = self.observation_text = format_observation(observation, info)
         if self.system_prompt is not None:
@@ -168,6 +170,8 @@ class TokenObservationWrapper:
         Returns ``(next_prompt, reward, terminated, truncated, info)``. The episode is truncated after
         ``max_turns`` turns or when the next prompt would overflow ``max_model_len``
         (``info["context_overflow"]``)."""
+        if not self.started:
+            raise RuntimeError("step() requires a prior reset(): reset() was never called")
         if self.done:
             info = {**self.last_info, "truncated": True}
             return {}, 0.0, False, True, info
@@ -231,10 +235,17 @@ class TokenObservationWrapper:
         """``(input_ids [1, L], action_mask [1, L-1], turn_ids [1, L-1], rewards [K])`` of the episode
         so far; masks refer to ``input_ids[:, 1:]``, ``turn_ids`` is -1 off the model's tokens, and
         ``rewards`` has one entry per turn played."""
+        if not self.started:
+            raise RuntimeError("No episode data: reset() was never called")
         ids = torch.tensor([self.ids], dtype=torch.long)
         mask = torch.tensor([self.is_action[1:]], dtype=torch.long)
         turns = torch.tensor([self.turn_of[1:]], dtype=torch.long)
         return ids, mask, turns, torch.tensor(self.rewards, dtype=torch.float32)
+
+    @property
+    def full_ids(self) -> torch.Tensor | None:
+        """AgileRL's name of the conversation so far, ``[1, L]`` (None before the first reset)."""
+        return torch.tensor([self.ids], dtype=torch.long) if self.started else None
 
     @property
     def episode_return(self) -> float:

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from .reward_call import (RewardFunctionError, call_batched, call_per_sample, check_signature,
-                          extra_columns_wanted, is_batched)
+                          extra_columns_wanted, is_batched, with_timeout)
 
 class DatasetColumnsError(ValueError, AssertionError):
     """A dataset row lacks the columns a prompt or a reward needs (an ``AssertionError`` too, as in AgileRL)."""
@@ -80,9 +80,10 @@ def prompt_messages(row: dict, template: Sequence[dict] | None) -> tuple[list[di
     if "question" not in row:
         raise ValueError(f"needs a 'question' column (or TRL's 'prompt', or conversational 'messages'); "
                          f"its columns: {sorted(row)}")
+    messages = fill_template(template or [{"role": "user", "content": "{question}"}], row)  # the row's own columns
     row.setdefault("prompt", row["question"])
     row["conversational"] = False
-    return fill_template(template or [{"role": "user", "content": "{question}"}], row), row
+    return messages, row
 
 
 def render_prompt(tokenizer, template: Sequence[dict], fields: dict, chat_template_kwargs: dict | None = None) -> str:
@@ -143,6 +144,8 @@ class ReasoningGym:
             ``"raise"``.
         chat_template_kwargs: extra ``apply_chat_template`` options (e.g. ``{"enable_thinking": False}``).
         seed: shuffling seed of the training stream.
+        reward_timeout: seconds one reward call may take (``None``: no limit); a call still running then
+            fails like a reward that raised (:func:`evollm.envs.reward_call.with_timeout`).
         accelerator, return_raw_completions: AgileRL's keywords, accepted. Multi-process runs shard
             each batch themselves (``accelerator`` has no effect) and every prompt carries its text.
 
@@ -155,7 +158,7 @@ class ReasoningGym:
                  conversation_template: Sequence[dict] | None = None, data_batch_size_per_gpu: int = 8,
                  max_context_length: int | None = None, seed: int = 42, eval_batch_size: int = 64,
                  long_prompts: str = "filter", chat_template_kwargs: dict | None = None, accelerator=None,
-                 return_raw_completions: bool = False):
+                 return_raw_completions: bool = False, reward_timeout: float | None = None):
         if data_batch_size_per_gpu < 1:
             raise ValueError(f"data_batch_size_per_gpu must be >= 1, got {data_batch_size_per_gpu}")
         if long_prompts not in ("filter", "raise"):
@@ -172,7 +175,7 @@ class ReasoningGym:
         if not callable(reward_fn):
             raise ValueError(f"reward_fn must be a function, got {type(reward_fn).__name__}")
         check_signature(reward_fn)
-        self.reward_fn = reward_fn
+        self.reward_fn = with_timeout(reward_fn, reward_timeout)
         self.batched_reward = is_batched(reward_fn)
         self._reward_extra = extra_columns_wanted(reward_fn)
         self.template = None if conversation_template is None else list(conversation_template)
@@ -392,9 +395,8 @@ class ReasoningGym:
                 start = width  # left-padded to the batch's longest prompt (get_action)
             elif group.shape[1] >= n and torch.equal(group[0, :n].cpu(), p["input_ids"][0]):
                 start = n  # this prompt alone, then the completion (AgileRL's layout)
-            else:
-                raise ValueError("completion ids do not start with their prompt (alone, or left-padded to the "
-                                 "batch's longest prompt); pass the ids returned by get_action for this batch")
+            else:  # AgileRL's contract: the first (prompt length) ids are the prompt's, whatever they hold
+                start = n
             out.append([self._decode_completion(row[start:]) for row in group])
         return out
 

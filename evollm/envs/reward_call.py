@@ -14,8 +14,10 @@ A function is batched when it has a ``completions`` parameter (or ``fn.batched =
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
+import threading
 from typing import Any, Callable, Sequence
 
 
@@ -79,6 +81,38 @@ def _finite(value: Any) -> float:
 
 def _describe(row: dict, completion: str) -> str:
     return f"question={row.get('question')!r}, completion={completion!r}"
+
+
+def with_timeout(fn: Callable, seconds: float | None) -> Callable:
+    """``fn`` limited to ``seconds`` per call (``None``: unlimited): each call runs in a daemon thread and
+    one that has not returned in time raises :class:`TimeoutError` (reported like any failing reward; the
+    stuck call is left behind and ends with the process). Signature and ``batched`` flag are kept."""
+    if seconds is None:
+        return fn
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds > 0:
+        raise ValueError(f"reward_timeout must be a number of seconds > 0 or None, got {seconds!r}")
+
+    @functools.wraps(fn)
+    def timed(*args, **kwargs):
+        box: dict[str, Any] = {}
+        done = threading.Event()
+
+        def target():
+            try:
+                box["value"] = fn(*args, **kwargs)
+            except BaseException as e:  # noqa: BLE001 - handed to the caller
+                box["error"] = e
+            finally:
+                done.set()
+
+        threading.Thread(target=target, daemon=True, name="evollm-reward").start()
+        if not done.wait(seconds):
+            raise TimeoutError(f"no result within reward_timeout={seconds:g} s")
+        if "error" in box:
+            raise box["error"]
+        return box["value"]
+
+    return timed
 
 
 def call_per_sample(fn: Callable, completion: str, row: dict, i: int) -> float:

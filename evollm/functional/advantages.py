@@ -1,4 +1,5 @@
-"""Advantages and returns: group-relative (GRPO family), GAE, ReBN; DAPO's reward extras."""
+"""Advantages and returns: group-relative (GRPO family), GAE (with the bootstrap of truncated episodes),
+ReBN; DAPO's reward extras; the critic's explained variance."""
 from __future__ import annotations
 
 from typing import Optional, Tuple
@@ -154,3 +155,42 @@ def rebn(rewards: Tensor, mask: Tensor, gamma: float, eps: float = 1e-8) -> Tens
     valid = _valid(mask)
     r = rewards if rewards.is_floating_point() else rewards.float()
     return masked_whiten(_discounted_returns(r, valid, gamma), valid, eps=eps)
+
+
+def truncation_bootstrap(token_values: Tensor, action_mask: Tensor, truncated: Optional[Tensor]) -> Tensor:
+    """The ``last_values`` of :func:`gae` for episodes that may have been cut short.
+
+    Args:
+        token_values: ``[B, T]`` critic values, position ``t`` the value of the prefix ``ids[:, :t+1]`` (the
+            state from which ``ids[:, t+1]`` is generated).
+        action_mask: ``[B, T]``, 1 where ``ids[:, t+1]`` is the model's token.
+        truncated: ``[B]`` bool (None: none were): the episode ended because a turn limit or the context
+            length cut it, not because the environment ended it.
+
+    Returns ``[B]``: for a truncated episode the value of the conversation through its last action token
+    (``token_values[b, t_last + 1]``: the batch needs a column after it, e.g. one of right padding), else 0
+    (terminal). Rows without an action token give 0.
+    """
+    B = token_values.shape[0]
+    zero = torch.zeros(B, dtype=token_values.dtype, device=token_values.device)
+    if truncated is None:
+        return zero
+    valid = _valid(action_mask)
+    positions = torch.arange(valid.shape[1], device=valid.device).expand_as(valid)
+    last = torch.where(valid, positions, torch.full_like(positions, -1)).amax(1)
+    keep = truncated.to(torch.bool).reshape(B).to(last.device) & (last >= 0)
+    if bool((keep & (last + 1 >= token_values.shape[1])).any()):
+        raise ValueError("a truncated episode's last action token is in the last column: its bootstrap value needs "
+                         "one column after it (right-pad the batch)")
+    value = token_values.gather(1, (last + 1).clamp(min=0, max=token_values.shape[1] - 1).unsqueeze(1)).squeeze(1)
+    return torch.where(keep, value, zero)
+
+
+def explained_variance(values: Tensor, returns: Tensor, mask: Tensor) -> float:
+    """``1 - Var(R - V) / Var(R)`` over valid cells (unbiased variances; NaN when fewer than two cells or
+    the returns do not vary): 1 for a perfect critic, 0 for one that predicts the mean, < 0 worse."""
+    m = _valid(mask)
+    r, v = returns[m].float(), values[m].float()
+    if r.numel() < 2 or float(r.var()) == 0.0:
+        return float("nan")
+    return float(1.0 - (r - v).var() / r.var())

@@ -53,9 +53,30 @@ SAMPLER_CORRECTIONS: Tuple[str, ...] = ("token_truncate", "token_mask", "sequenc
 # Policy / value losses
 # --------------------------------------------------------------------------- #
 def k3_kl(logp: Tensor, ref_logp: Tensor) -> Tensor:
-    """Elementwise k3 KL estimator ``exp(ref - logp) - (ref - logp) - 1`` (>= 0, 0 at equality)."""
+    """Elementwise k3 KL estimator ``exp(ref - logp) - (ref - logp) - 1`` (>= 0, 0 at equality).
+
+    On tokens sampled from the policy (``logp``), its mean is an unbiased estimate of the REVERSE
+    KL, ``KL(pi || ref) = E_pi[log pi - log ref]``: with ``d = ref - logp``, ``E_pi[exp(d)] = 1``, so
+    ``E_pi[exp(d) - d - 1] = E_pi[-d]``. Its GRADIENT is not that of the reverse KL: used as a loss,
+    ``grad k3 = (1 - exp(d)) grad logp = (1 - ref / pi) grad logp`` per sampled token, whose expectation
+    under pi is ``sum_y (pi - ref) grad log pi = -sum_y ref grad log pi = grad KL(ref || pi)``: the
+    gradient of the FORWARD KL. In a sequence this holds token by token: at each visited context the
+    expected gradient is that of the forward KL between the two next-token distributions (the
+    dependence of the visited contexts on pi is not differentiated). evollm, like the GRPO paper, TRL
+    and AgileRL, adds k3 to the loss as is.
+    """
     d = ref_logp - logp
     return torch.exp(d) - d - 1
+
+
+def approx_kl(log_ratio: Tensor) -> Tensor:
+    """Elementwise ``exp(r) - 1 - r`` of ``r = logp - old_logp`` (PPO's ``approx_kl``, >= 0, 0 at equality).
+
+    On tokens sampled from the OLD policy its mean estimates ``KL(old || new)`` (the k3 estimator with
+    the roles swapped); the update uses it to report, and with ``target_kl`` to limit, how far the
+    policy moved from the one that sampled.
+    """
+    return torch.exp(log_ratio) - 1 - log_ratio
 
 
 def policy_loss_with_stats(
@@ -110,6 +131,8 @@ def policy_loss_with_stats(
     Returns:
         ``(loss, stats)``: scalar loss and a dict of Python floats:
         ``kl`` (masked token mean of k3, 0.0 without ``ref_logp``),
+        ``approx_kl`` (masked token mean of :func:`approx_kl` of the token
+        log-ratios: how far the policy moved from the sampling policy),
         ``clip_fraction`` (fraction of valid tokens where clipping changed
         the objective: for the min-clipped losses, ``A > 0 and rho > hi`` or
         ``A < 0 and rho < lo``, i.e. where the clipped term is the one strictly
@@ -148,6 +171,7 @@ def policy_loss_with_stats(
     # Sanitise invalid cells so inf/NaN there cannot poison values or gradients.
     lp = torch.where(valid, logp, zero)
     log_ratio = lp - torch.where(valid, old_logp.to(logp.dtype), zero).detach()
+    token_log_ratio = log_ratio.detach()
     preset = LOSS_PRESETS[loss_type]
     if preset["ratio"] == "sequence":
         log_ratio = masked_mean(log_ratio, valid, dim=1)[:, None].expand(B, T)
@@ -180,6 +204,7 @@ def policy_loss_with_stats(
             "kl": float(masked_mean(kl_tok, valid)) if kl_tok is not None else 0.0,
             "clip_fraction": float(masked_mean(clipped.to(logp.dtype), valid)),
             "ratio_mean": float(masked_mean(ratio, valid)),
+            "approx_kl": float(masked_mean(approx_kl(token_log_ratio), valid)),
         }
     return loss, stats
 

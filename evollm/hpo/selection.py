@@ -2,7 +2,8 @@
 
 Both selectors rank agents by a fitness score computed from
 ``agent.fitness`` (the last value, or the mean of the last ``window``
-values), produce new members with ``winner.clone(index=new_id)`` and return a
+values) or from ``agent.scores`` (``fitness="train"``: the running mean of the
+training rewards of the last ``window`` steps, as the PBT paper ranks), produce new members with ``winner.clone(index=new_id)`` and return a
 :class:`SelectionResult`. Member ids are never reused: each selector keeps a
 counter that continues after the largest id it has seen. Agents whose score
 is NaN rank below every other agent; ties are broken by the lower id.
@@ -15,7 +16,25 @@ from typing import Any, Literal, Optional, Sequence
 
 import numpy as np
 
-FitnessMode = Literal["last", "mean"]
+from evollm.hpo.compat import check_agilerl_selection
+
+FitnessMode = Literal["last", "mean", "train"]
+FITNESS_MODES: tuple[str, ...] = ("last", "mean", "train")
+#: steps averaged by ``fitness="train"`` when no ``window`` is given
+TRAIN_WINDOW = 10
+
+
+def selection_signal(scores: Sequence[float], stderrs: Sequence[float]) -> dict[str, float]:
+    """How well a selection can tell its members apart: ``spread`` is the standard deviation of the
+    members' scores (ddof=1), ``stderr`` the root mean square of their standard errors, ``snr`` their
+    ratio. Below about 1, the ranking is mostly noise. Non-finite scores (quarantined members) and
+    standard errors are left out; a value that cannot be computed is NaN."""
+    vals = np.asarray([s for s in scores if math.isfinite(s)], dtype=float)
+    errs = np.asarray([e for e in stderrs if e is not None and math.isfinite(e)], dtype=float)
+    spread = float(vals.std(ddof=1)) if len(vals) >= 2 else math.nan
+    stderr = float(np.sqrt(np.mean(errs ** 2))) if len(errs) else math.nan
+    snr = spread / stderr if math.isfinite(spread) and math.isfinite(stderr) and stderr > 0 else math.nan
+    return {"spread": spread, "stderr": stderr, "snr": snr}
 
 
 @dataclass
@@ -42,6 +61,10 @@ class SelectionResult:
     scores: dict[int, float] = field(default_factory=dict)
     best_index: Optional[int] = None
 
+    def __iter__(self):
+        """Unpacks as AgileRL's LLM selection does: ``elite, population, indices`` (``indices`` is None)."""
+        return iter((self.elite, self.population, None))
+
 
 class _Selection:
     """Shared fitness scoring, validation, id counter and cloning."""
@@ -50,8 +73,8 @@ class _Selection:
                  eval_loop: int, rand_seed: Optional[int], next_index: Optional[int]) -> None:
         if population_size is not None and population_size < 1:
             raise ValueError(f"population_size must be >= 1, got {population_size}")
-        if fitness not in ("last", "mean"):
-            raise ValueError(f"fitness must be 'last' or 'mean', got {fitness!r}")
+        if fitness not in FITNESS_MODES:
+            raise ValueError(f"fitness must be one of {list(FITNESS_MODES)}, got {fitness!r}")
         if eval_loop < 1:
             raise ValueError(f"eval_loop must be >= 1, got {eval_loop}")
         if window is not None and window < 1:
@@ -61,21 +84,39 @@ class _Selection:
         self.population_size = population_size
         self.fitness = fitness
         self.eval_loop = eval_loop
-        self.window = window if window is not None else eval_loop
+        self.window = window if window is not None else (TRAIN_WINDOW if fitness == "train" else eval_loop)
         self.rand_seed = rand_seed
         self.rng = np.random.default_rng(rand_seed)
         self.next_index = 0 if next_index is None else int(next_index)
 
     def state_dict(self) -> dict:
-        """The generator's state and the id counter (JSON), so a resumed run selects the same way."""
-        return {"rng": self.rng.bit_generator.state, "next_index": self.next_index}
+        """The generator's state, the id counter and the population size (a narrowing schedule changes
+        it) as JSON, so a resumed run selects the same way."""
+        return {"rng": self.rng.bit_generator.state, "next_index": self.next_index,
+                "population_size": self.population_size}
 
     def load_state_dict(self, state: dict) -> None:
         self.rng.bit_generator.state = state["rng"]
         self.next_index = int(state["next_index"])
+        if "population_size" in state:
+            self.population_size = state["population_size"]
+
+    def resize(self, population_size: int) -> None:
+        """The population now has ``population_size`` members (a narrowing schedule dropped some)."""
+        if self.population_size is not None:
+            self.population_size = int(population_size)
+
+    @property
+    def min_population(self) -> int:
+        """The smallest population this selection can work on."""
+        return 2
 
     def score(self, agent: Any) -> float:
-        """Ranking score of ``agent``: last fitness, or mean of the last ``window``."""
+        """Ranking score of ``agent``: last fitness, mean of the last ``window`` evaluations, or
+        (``fitness="train"``) mean training reward of its last ``window`` steps. A member that did not
+        train at its last step (quarantined) scores -inf under ``"train"``."""
+        if self.fitness == "train":
+            return self._train_score(agent)
         history = list(getattr(agent, "fitness", None) or [])
         if not history:
             raise ValueError(f"agent {agent.index} has no fitness value; "
@@ -83,6 +124,34 @@ class _Selection:
         values = history[-1:] if self.fitness == "last" else history[-self.window:]
         value = float(np.mean(np.asarray(values, dtype=float)))
         return -math.inf if math.isnan(value) else value
+
+    def _train_window(self, agent: Any) -> np.ndarray:
+        history = list(getattr(agent, "scores", None) or [])
+        if not history:
+            raise ValueError(f"agent {agent.index} has no training reward; "
+                             f"train the population before selection")
+        return np.asarray(history[-self.window:], dtype=float)
+
+    def _train_score(self, agent: Any) -> float:
+        values = self._train_window(agent)
+        if math.isnan(values[-1]) or getattr(agent, "quarantined", False):
+            return -math.inf
+        return float(np.nanmean(values))
+
+    def stderr(self, agent: Any, eval_stderr: Optional[Sequence[float]] = None) -> float:
+        """Standard error of :meth:`score`. ``"train"``: the standard deviation of the window's step
+        rewards over the square root of their count; ``"last"``/``"mean"``: from the standard errors
+        of the member's evaluations (``eval_stderr``, oldest first), NaN when they are not known."""
+        if self.fitness == "train":
+            values = self._train_window(agent)
+            values = values[np.isfinite(values)]
+            return float(values.std(ddof=1) / math.sqrt(len(values))) if len(values) >= 2 else math.nan
+        errs = list(eval_stderr or [])
+        k = 1 if self.fitness == "last" else min(self.window, len(getattr(agent, "fitness", []) or [1]))
+        errs = np.asarray(errs[-k:], dtype=float)
+        if len(errs) < k or not len(errs):
+            return math.nan
+        return float(math.sqrt(float(np.sum(errs ** 2))) / len(errs))
 
     def _check(self, population: Sequence[Any]) -> dict[int, float]:
         """Validate the population, advance the id counter, return scores by id."""
@@ -126,9 +195,11 @@ class TournamentSelection(_Selection):
             list passed to :meth:`select`).
         eval_loop: number of evaluations per generation; the default
             ``window`` for ``fitness="mean"``.
-        fitness: ``"last"`` (last fitness value) or ``"mean"`` (mean of the
-            last ``window`` values).
-        window: number of recent values averaged with ``fitness="mean"``.
+        fitness: ``"last"`` (last fitness value), ``"mean"`` (mean of the
+            last ``window`` values) or ``"train"`` (mean training reward of the
+            last ``window`` steps: no evaluation needed).
+        window: number of recent values averaged with ``fitness="mean"``
+            (default ``eval_loop``) or steps with ``"train"`` (default 10).
         rand_seed: seed of the tournament draws.
         next_index: first id to give to clones (it is raised past the largest
             id seen anyway).
@@ -141,6 +212,7 @@ class TournamentSelection(_Selection):
                  population_size: Optional[int] = None, eval_loop: int = 1,
                  fitness: FitnessMode = "last", window: Optional[int] = None,
                  rand_seed: Optional[int] = None, next_index: Optional[int] = None) -> None:
+        check_agilerl_selection(tournament_size, elitism, population_size)
         super().__init__(population_size, fitness, window, eval_loop, rand_seed, next_index)
         if tournament_size < 1:
             raise ValueError(f"tournament_size must be >= 1, got {tournament_size}")
@@ -149,6 +221,11 @@ class TournamentSelection(_Selection):
                              f"population_size ({population_size})")
         self.tournament_size = int(tournament_size)
         self.elitism = bool(elitism)
+
+    @property
+    def min_population(self) -> int:
+        """A tournament needs ``tournament_size`` members (and selection at least 2)."""
+        return max(2, self.tournament_size)
 
     def _tournament(self, population: Sequence[Any], scores: dict[int, float]) -> Any:
         picks = self.rng.choice(len(population), size=self.tournament_size, replace=False)

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 from ..config import SINGLE_TURN_TASKS, ConfigError, ModelSection, RunConfig, TaskSection
-from ..hpo import HyperparameterConfig
 from ..models.loading import enable_gradient_checkpointing, load_model, load_smollm2
 from ..tasks.user import task_parts
 from .coop_warm_start import load_tiny_coop_model
@@ -32,13 +31,27 @@ def build_task(cfg: TaskSection, seed: int):
 
 
 def build_hpo(cfg: RunConfig) -> tuple[Any, Any, Any]:
-    """``(hp_config, mutation, selection)``; mutation and selection are ``None`` without train.evo_steps."""
-    params = {name: spec.parameter() for name, spec in cfg.hpo.hp_config.items()}
-    hp_config = HyperparameterConfig(**params) if params else None
+    """``(hp_config, mutation, selection)``; mutation and selection are ``None`` without train.evo_steps.
+    ``hp_config`` is :meth:`RunConfig.hp_config` (the default search space when none is given)."""
+    hp_config = cfg.hp_config()
     if cfg.train.evo_steps is None:
         return hp_config, None, None
     return (hp_config, cfg.hpo.mutation.build(cfg.seed),
             cfg.hpo.selection.build(cfg.algorithm.population_size, cfg.seed))
+
+
+def build_narrowing(cfg: RunConfig):
+    """The :class:`~evollm.hpo.narrowing.Narrowing` of hpo.narrowing, or ``None``: off (``at: []``), a
+    population already at its minimum size, or the default schedule on a population that does not evolve
+    (train.evo_steps null: its members train to the end unless hpo.narrowing is given). The minimum size
+    is at least what the selection needs (a tournament's size)."""
+    narrowing = cfg.hpo.narrowing.build()
+    if narrowing is None or (cfg.train.evo_steps is None and not cfg.hpo.given("narrowing")):
+        return None
+    if cfg.train.evo_steps is not None:
+        need = cfg.hpo.selection.build(cfg.algorithm.population_size, cfg.seed).min_population
+        narrowing.min_size = max(narrowing.min_size, need)
+    return narrowing if cfg.algorithm.population_size > narrowing.min_size else None
 
 
 # ---------------------------------------------------------------------- the config's model section

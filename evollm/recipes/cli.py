@@ -28,20 +28,11 @@ def build_population(cfg, model, tokenizer, hp_config):
     lora = lora_config(model, **alg.lora.kwargs())
     hps = dict(alg.hyperparameters)
     hps.setdefault("seed", cfg.seed)
-    from evollm.hpo.founders import founder_hyperparameters
     # founders drawn from the hp_config (QMC unless algorithm.init_sampler says otherwise); a value
     # set in algorithm.hyperparameters is kept for every founder
-    init = founder_hyperparameters(size, hp_config, None, alg.init_sampler, fixed=alg.hyperparameters,
-                                   seed=cfg.seed)
-    members = []
-    for i in range(size):
-        agent = cls(model, pad_token_id=tokenizer.pad_token_id, pad_token=tokenizer.pad_token,
-                    eos_token_id=tokenizer.eos_token_id, tokenizer=tokenizer, hp_config=hp_config, lora_config=lora,
-                    **hps)
-        for name, value in (init[i] if init else {}).items():
-            agent.set_hyperparameter(name, value)
-        members.append(agent)
-    return members
+    return cls.population(size, model, hp_config=hp_config, init_sampler=alg.init_sampler, fixed=alg.hyperparameters,
+                          pad_token_id=tokenizer.pad_token_id, pad_token=tokenizer.pad_token,
+                          eos_token_id=tokenizer.eos_token_id, tokenizer=tokenizer, lora_config=lora, **hps)
 
 
 from evollm.recipes.rundir import RUN_CONFIG, prepare_output_dir  # noqa: E402,F401  (re-exported)
@@ -83,14 +74,22 @@ def train(config_path: str, overrides: list[str] | None = None, quiet: bool = Fa
         return run(cfg, resume=False, quiet=quiet)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"output_dir {str(out)!r} is a file, not a directory")
-    with RunLock(out):  # only the main process writes the run directory, one writer at a time
-        prepare_output_dir(out, overwrite)
-        write_json(out / RUN_CONFIG, cfg.to_dict(explicit=True))
-        try:
-            return run(cfg, resume=False, quiet=quiet)
-        except Exception:
-            forget_failed_start(out)
-            raise
+    forgotten = False
+    try:
+        with RunLock(out):  # only the main process writes the run directory, one writer at a time
+            prepare_output_dir(out, overwrite)
+            write_json(out / RUN_CONFIG, cfg.to_dict(explicit=True))
+            try:
+                return run(cfg, resume=False, quiet=quiet)
+            except Exception:
+                forgotten = forget_failed_start(out)
+                raise
+    finally:
+        if forgotten:  # emptied but for the lock, now released
+            try:
+                out.rmdir()
+            except OSError:
+                pass
 
 
 def forget_failed_start(out: Path) -> bool:
@@ -152,7 +151,7 @@ def run(cfg, resume: bool, quiet: bool = False, member_values: dict | None = Non
     ``output_dir/checkpoints``), and write the report, lineage, plots and the best member."""
     import torch
 
-    from evollm.recipes.builders import build_hpo, build_model, build_task
+    from evollm.recipes.builders import build_hpo, build_model, build_narrowing, build_task
     from evollm.tasks.user import check_task
 
     dist.init()
@@ -176,39 +175,27 @@ def run(cfg, resume: bool, quiet: bool = False, member_values: dict | None = Non
         model.to(dist.device())
     hp_config, mutation, selection = build_hpo(cfg)
     members = build_population(cfg, model, tokenizer, hp_config)
-    evo_steps = cfg.train.evo_steps
-    train_cfg = {"max_steps": cfg.train.max_steps, "evaluation_interval": cfg.train.evaluation_interval,
-                 "save_elite": cfg.train.save_elite, "elite_path": cfg.train.elite_path or str(out / "elites"),
-                 "checkpoint_dir": str(out / "checkpoints"), "checkpoint_every": cfg.train.checkpoint_interval(),
-                 "keep_checkpoints": cfg.train.keep_checkpoints, "resume": resume, "run_config": run_config,
-                 "max_time": cfg.train.max_time}
-    train_cfg["callbacks"] = run_callbacks(cfg, out) if main else []  # only the main process writes
+    settings = cfg.train.loop_settings(out, cfg.seed, resume=resume, run_config=run_config, verbose=not quiet)
+    settings = settings.replace(narrowing=build_narrowing(cfg), max_time_clock=cfg.train.max_time_clock)
+    callbacks = run_callbacks(cfg, out) if main else []  # only the main process writes
     if member_values:  # allowed changes of algorithm.hyperparameters, set on the members once restored
         from evollm.recipes.rundir import apply_on_resume
-        train_cfg["callbacks"].insert(0, apply_on_resume(member_values, print if main else lambda msg: None))
+        callbacks.insert(0, apply_on_resume(member_values, print if main else lambda msg: None))
     env_type = cfg.env.type
-    if cfg.rollout_backend != "hf":
-        if env_type != "reasoning":
-            raise ValueError(f"rollout_backend={cfg.rollout_backend!r} supports env.type 'reasoning' only")
-        train_cfg.update(rollout_backend=cfg.rollout_backend, vllm=cfg.vllm)
+    if cfg.rollout_backend != "hf" and env_type != "reasoning":
+        raise ValueError(f"rollout_backend={cfg.rollout_backend!r} supports env.type 'reasoning' only")
     say = print if main else (lambda *a, **k: None)
     say(f"evollm: {len(members)} x {type(members[0]).__name__} on one shared base "
         f"({sum(p.numel() for p in members[0].shared.base_parameters()):,} base parameters), env={env_type}")
+    from evollm.recipes import runners
     from evollm.run import RunInterrupted
 
+    runner = {"reasoning": "run_reasoning", "multiturn": "run_multiturn", "team": "run_team"}.get(env_type)
+    if runner is None:
+        raise ValueError(f"env.type={env_type!r} is not valid; choose one of ['reasoning', 'multiturn', 'team']")
+    extra = {"task": task} if env_type == "reasoning" else {}
     try:
-        if env_type == "reasoning":
-            from evollm.recipes.runners import run_reasoning
-            result = run_reasoning(cfg, members, tokenizer, train_cfg, evo_steps, selection, mutation, quiet,
-                                   task=task)
-        elif env_type == "multiturn":
-            from evollm.recipes.runners import run_multiturn
-            result = run_multiturn(cfg, members, tokenizer, train_cfg, evo_steps, selection, mutation, quiet)
-        elif env_type == "team":
-            from evollm.recipes.runners import run_team
-            result = run_team(cfg, members, tokenizer, train_cfg, evo_steps, selection, mutation, quiet)
-        else:
-            raise ValueError(f"env.type={env_type!r} is not valid; choose one of ['reasoning', 'multiturn', 'team']")
+        result = getattr(runners, runner)(cfg, members, tokenizer, settings, selection, mutation, callbacks, **extra)
     except RunInterrupted:
         if main:  # a stopped segment counts towards the run's wall time
             _record_segment(out, time.perf_counter() - t0, resume)

@@ -15,7 +15,7 @@ import shutil
 from pathlib import Path
 
 from evollm.config.schema import ConfigError
-from evollm.utils.atomic import write_json
+from evollm.utils.atomic import write_atomically, write_json
 
 PROMPT_FILE = "evollm_prompt.json"
 
@@ -46,6 +46,8 @@ def prompt_spec(cfg, tokenizer, agent_info: dict) -> dict:
     _, test, _, template = build_task(cfg.task, cfg.seed)
     row = dict(test[0])
     messages, _ = prompt_messages(row, template)
+    if template is None and "question" in row:
+        template = [{"role": "user", "content": "{question}"}]
     spec.update(
         messages=template,
         how=("fill every {column} of messages from a row of your data (str.format), then "
@@ -80,14 +82,13 @@ def export_run(run_dir: str, out: str, overwrite: bool = False) -> Path:
     info = json.loads((member / "agent.json").read_text()) if (member / "agent.json").is_file() else {}
     model, tokenizer = build_model(cfg.model, cfg.seed, cfg.task.name)
     merged = PeftModel.from_pretrained(model, str(member / "adapter")).merge_and_unload()
-    tmp = target.with_name(target.name + ".partial")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    merged.save_pretrained(str(tmp), safe_serialization=True)
-    tokenizer.save_pretrained(str(tmp))
     spec = prompt_spec(cfg, tokenizer, info)
     spec.update(run_dir=str(run.resolve()), member=info.get("index"), fitness=(info.get("fitness") or [None])[-1])
-    write_json(tmp / PROMPT_FILE, spec)
+
+    def write(tmp: Path) -> None:  # a reader never sees half an export: the folder appears whole
+        merged.save_pretrained(str(tmp), safe_serialization=True)
+        tokenizer.save_pretrained(str(tmp))
+        write_json(tmp / PROMPT_FILE, spec)
+
     shutil.rmtree(target, ignore_errors=True)
-    tmp.rename(target)
-    return target
+    return write_atomically(target, write)

@@ -21,7 +21,7 @@ RUN_CONFIG = "run_config.json"
 
 
 def _entries(out: Path) -> list[Path]:
-    return [p for p in out.iterdir() if p.name != LOCK]
+    return [p for p in out.iterdir() if not p.name.startswith(LOCK)]  # the lock (and one half-made by a kill)
 
 
 def completed_steps(out: Path) -> int:

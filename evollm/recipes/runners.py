@@ -21,6 +21,7 @@ from ..training.callbacks import Callback
 from ..training.data_parallel import evaluate_data_parallel
 from ..training.ippo import finetune_ippo
 from ..training.loop import finetune_llm_reasoning
+from ..training.settings import LoopSettings
 from ..training.multiturn import EVAL_SEED_OFFSET, evaluate_episodes, finetune_llm_multiturn, success_rate
 from ..utils.atomic import write_json
 from .builders import build_task
@@ -29,16 +30,20 @@ from .builders import build_task
 WARM_START = "warm_start.json"
 
 
-def run_reasoning(cfg, members, tokenizer, train_cfg: dict, evo_steps, selection, mutation, quiet: bool,
+def run_reasoning(cfg, members, tokenizer, settings: LoopSettings, selection, mutation, callbacks,
                   task=None) -> dict:
+    """What ``evollm train`` runs for ``env.type: reasoning``: measure the warm start on the fixed test
+    questions, train, and return ``{agents, population, initial_fitness, final_fitness}``. ``task``: the
+    task's parts when the recipe built them already."""
     train_ds, test_ds, reward_fn, template = task if task is not None else build_task(cfg.task, cfg.seed)
     # data_batch_size_per_gpu is per process: the env yields the global batch, each process its share
     env = ReasoningGym(train_ds, test_ds, tokenizer, reward_fn, template, seed=cfg.seed,
                        data_batch_size_per_gpu=cfg.env.data_batch_size_per_gpu * dist.num_processes(),
                        max_context_length=cfg.env.max_context_length, eval_batch_size=cfg.env.eval_batch_size,
-                       long_prompts=cfg.env.long_prompts, chat_template_kwargs=cfg.task.chat_template_kwargs)
+                       long_prompts=cfg.env.long_prompts, chat_template_kwargs=cfg.task.chat_template_kwargs,
+                       reward_timeout=cfg.task.reward_timeout)
     saved = Path(cfg.output_dir) / WARM_START
-    if train_cfg.get("resume") and saved.is_file():  # measured when the run started: not again on every resume
+    if settings.resume and saved.is_file():  # measured when the run started: not again on every resume
         measured = json.loads(saved.read_text())
         initial, se = float(measured["initial_fitness"]), measured.get("standard_error")
     else:
@@ -51,10 +56,10 @@ def run_reasoning(cfg, members, tokenizer, train_cfg: dict, evo_steps, selection
         noise = f" ± {se:.3f} (standard error)" if se is not None else ""
         print(f"warm start: held-out fitness {initial:.3f}{noise}, the mean reward of greedy answers to "
               f"{len(env.test_prompts())} fixed test questions"
-              + (" (measured when the run started)" if train_cfg.get("resume") else ""))
+              + (" (measured when the run started)" if settings.resume else ""))
     agents, population = finetune_llm_reasoning(
-        members, env, evo_steps=evo_steps, tournament=selection, mutation=mutation, verbose=not quiet,
-        seed=cfg.seed, **train_cfg)
+        members, env, settings, tournament=selection, mutation=mutation, callbacks=callbacks,
+        rollout_backend=cfg.rollout_backend, vllm=cfg.vllm)
     final = max(a.fitness[-1] for a in agents)
     return {"agents": agents, "population": population, "initial_fitness": initial, "final_fitness": final}
 
@@ -82,17 +87,6 @@ class _ScoreCapture:
         return math.sqrt(sum((r - mean) ** 2 for r in self.rewards) / (n - 1) / n)
 
 
-def run_multiturn(cfg, members, tokenizer, train_cfg: dict, evo_steps, selection, mutation, quiet: bool) -> dict:
-    train_cfg = {**train_cfg, "episodes_per_step": cfg.train.episodes_per_step,
-                 "eval_episodes": cfg.train.eval_episodes}
-    return run_multiturn_from_config(cfg, members, tokenizer, train_cfg, evo_steps, selection, mutation, quiet)
-
-
-def run_team(cfg, members, tokenizer, train_cfg: dict, evo_steps, selection, mutation, quiet: bool) -> dict:
-    """IPPO teams (``algorithm.name: IPPO``) on a cooperative task (``task.name: relay_sum``)."""
-    return run_team_from_config(cfg, members, tokenizer, train_cfg, evo_steps, selection, mutation, quiet)
-
-
 # --------------------------------------------------------------------------- multi-turn games
 def env_factory_from_config(task_cfg: dict, env_cfg: dict, tokenizer) -> tuple[Callable[[], object], int]:
     """``(env_factory, max_turns)`` for a game task: ``task: {name: guess_number | chain_calc, <game
@@ -110,17 +104,15 @@ def env_factory_from_config(task_cfg: dict, env_cfg: dict, tokenizer) -> tuple[C
     return factory, max_turns
 
 
-def run_multiturn_from_config(cfg, members, tokenizer, train_cfg: dict, evo_steps, selection, mutation,
-                              quiet: bool) -> dict:
+def run_multiturn(cfg, members, tokenizer, settings: LoopSettings, selection, mutation, callbacks) -> dict:
     """What ``evollm train`` runs for ``env.type: multiturn``: measure the warm start on the fixed evaluation
     episodes, train, and return ``{agents, population, initial_fitness, final_fitness, initial_success,
     final_success}`` (fitness = mean return; success = fraction of episodes won, best member)."""
     task = {"name": cfg.task.name, **cfg.task.game}
     env = {k: v for k, v in cfg.env.to_dict().items() if v is not None}
     factory, max_turns = env_factory_from_config(task, env, tokenizer)
-    train_cfg = dict(train_cfg)
-    eval_n = int(train_cfg.pop("eval_episodes", 64))
-    seed = int(cfg.seed)
+    eval_n = cfg.train.eval_episodes
+    seed = settings.seed
     pool = EnvPool(factory)
     seeds = [EVAL_SEED_OFFSET + seed * 10**6 + i for i in range(eval_n)]  # the loop's own evaluation seeds
     fit0, eps0 = evaluate_episodes(members[:1], pool, seeds, max_turns, record=False)
@@ -135,12 +127,12 @@ def run_multiturn_from_config(cfg, members, tokenizer, train_cfg: dict, evo_step
         if dist.is_distributed():
             rates = dist.all_reduce_mean(rates).tolist()
         successes.update({a.index: r for a, r in zip(agents, rates)})
-        if not quiet and dist.is_main_process():
+        if settings.verbose and dist.is_main_process():
             tqdm.write(f"step {step:>5}  success " + " ".join(f"{successes[a.index]:.3f}" for a in agents))
 
     agents, population = finetune_llm_multiturn(
-        members, max_turns=max_turns, env_factory=factory, evo_steps=evo_steps, tournament=selection,
-        mutation=mutation, eval_episodes=eval_n, verbose=not quiet, seed=seed, on_evaluation=log, **train_cfg)
+        members, max_turns, factory, settings, tournament=selection, mutation=mutation,
+        episodes_per_step=cfg.train.episodes_per_step, eval_episodes=eval_n, on_evaluation=log, callbacks=callbacks)
     best = max(agents, key=lambda a: a.fitness[-1])
     return {"agents": agents, "population": population, "initial_fitness": fit0[0],
             "final_fitness": best.fitness[-1], "initial_success": initial_success,
@@ -162,10 +154,11 @@ def team_task_from_config(task_cfg, env_cfg, tokenizer, seed: int, teams) -> Tea
                       success_threshold=float(getattr(env_cfg, "success_threshold", 1.0)))
 
 
-def run_team_from_config(cfg, teams, tokenizer, train_cfg: dict, evo_steps, selection, mutation, quiet: bool) -> dict:
-    """What ``evollm train`` runs for ``env.type: team``: measure the warm start (one untrained team) on the fixed
-    evaluation rows, train, and return ``{agents, population, initial_fitness, final_fitness, initial_success,
-    final_success}`` (fitness = mean joint reward; success = fraction of episodes every agent got right)."""
+def run_team(cfg, teams, tokenizer, settings: LoopSettings, selection, mutation, callbacks) -> dict:
+    """What ``evollm train`` runs for ``env.type: team`` (IPPO teams on a cooperative task): measure the warm
+    start (one untrained team) on the fixed evaluation rows, train, and return ``{agents, population,
+    initial_fitness, final_fitness, initial_success, final_success}`` (fitness = mean joint reward; success =
+    fraction of episodes every agent got right)."""
     task = team_task_from_config(cfg.task, cfg.env, tokenizer, int(cfg.seed), teams)
     fit0, succ0 = evaluate_teams(teams[:1], task, record=False)
     say = print if dist.is_main_process() else (lambda *a, **k: None)
@@ -177,13 +170,11 @@ def run_team_from_config(cfg, teams, tokenizer, train_cfg: dict, evo_steps, sele
         def on_evaluation(self, state, fitness):
             rows = state.record.rows[-len(state.agents):]
             report.update({r["member"]: r.get("success", math.nan) for r in rows})
-            if not quiet:
+            if settings.verbose:
                 say(f"step {state.step:>5}  joint success " + " ".join(f"{report[t.index]:.3f}" for t in state.agents))
 
-    train_cfg = dict(train_cfg)
-    callbacks = [_Success(), *train_cfg.pop("callbacks", ())]
-    agents, population = finetune_ippo(teams, task, evo_steps=evo_steps, tournament=selection, mutation=mutation,
-                                       verbose=not quiet, seed=int(cfg.seed), callbacks=callbacks, **train_cfg)
+    agents, population = finetune_ippo(teams, task, settings, tournament=selection, mutation=mutation,
+                                       callbacks=[_Success(), *callbacks])
     best = max(agents, key=lambda t: t.fitness[-1])
     return {"agents": agents, "population": population, "initial_fitness": fit0[0], "final_fitness": best.fitness[-1],
             "initial_success": succ0[0], "final_success": report.get(best.index, math.nan)}

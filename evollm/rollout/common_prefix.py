@@ -79,7 +79,7 @@ def generate_with_common_prefix(model, route, counts: Sequence[int], input_ids: 
     first = torch.tensor([sum(counts[:i]) for i in range(len(counts))], device=device)
     with route([1] * len(counts)) as m, _model_defaults_hidden(m):
         out = m(input_ids=laid[first, :k], attention_mask=laid_mask[first, :k], use_cache=True)
-    cache = out.past_key_values
+    cache = out["cache"] if "cache" in out else out.past_key_values  # 5.2x name
     repeat = torch.tensor(list(counts), device=device)
     _repeat_rows(cache, repeat)
     with route(list(counts)) as m, _model_defaults_hidden(m):

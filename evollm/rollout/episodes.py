@@ -40,6 +40,11 @@ class Episode:
         return float(self.rewards.sum())
 
     @property
+    def truncated(self) -> bool:
+        """The episode was cut short (a turn limit or the context length), not ended by the environment."""
+        return bool(self.info.get("truncated", False))
+
+    @property
     def success(self) -> bool:
         """``info["success"]`` when the env reports it, else a positive return."""
         return bool(self.info.get("success", self.episode_return > 0))
@@ -78,9 +83,12 @@ def play_episodes(envs: Sequence, seeds: Sequence[int | None], generate_fn: Gene
                 prompts[i] = prompt
         turn += 1
     episodes = []
-    for env, seed in zip(envs, seeds):
+    for i, (env, seed) in enumerate(zip(envs, seeds)):
         ids, mask, turns, rewards = env.get_episode_data()
-        episodes.append(Episode(ids, mask, turns, rewards, dict(getattr(env, "last_info", {}) or {}), seed))
+        info = dict(getattr(env, "last_info", {}) or {})
+        if i in prompts:  # still running when max_turns stopped the play: cut short, not ended
+            info["truncated"] = True
+        episodes.append(Episode(ids, mask, turns, rewards, info, seed))
     return episodes
 
 

@@ -13,7 +13,7 @@ import torch
 from ..adapters.routing import ROUTED, batch_path, routed
 from ..adapters.shared import checkpointing
 from ..functional import entropy_from_logits, token_logprobs
-from .prefix import prefix_plan, reentrant_checkpointing, shared_forward, shared_prompt_support, worth_sharing
+from .prefix import Plan, prefix_plan, reentrant_checkpointing, shared_forward, shared_prompt_support, worth_sharing
 from .tokens import position_ids_from_mask
 
 
@@ -84,8 +84,9 @@ def forward_logits(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
     plan = None
     if (first >= 1 and shared_prompt is not False and shared_prompt_support(model) is None
             and not (torch.is_grad_enabled() and reentrant_checkpointing(model))):
-        plan = prefix_plan(input_ids, attention_mask, first, blocks)
-        if not (shared_prompt or worth_sharing(model, plan, first)):
+        if shared_prompt or worth_sharing(model, Plan(input_ids[:blocks, 0], input_ids[:, 0]), first):  # at most
+            plan = prefix_plan(input_ids, attention_mask, first, blocks)  # this much saved: else skip the plan
+        if plan is not None and not (shared_prompt or worth_sharing(model, plan, first)):
             plan = None
     if plan is not None:
         logits, states = shared_forward(model, input_ids, attention_mask, positions, first, plan, hidden or not head,
@@ -214,12 +215,13 @@ def loss_forward(shared, name: str, grad: bool = True, disable_dropout: bool = T
 def member_logprobs(shared, names: Sequence[str], seqs: torch.Tensor, attn: torch.Tensor, rows_each: int,
                     grad: bool, reference: bool = False, temperature: float | Sequence[float] = 1.0,
                     chunk_rows: int | None = None, logits_budget_mb: float = 256.0,
-                    disable_dropout: bool = True, start: int | None = None, info: dict | None = None,
-                    shared_prompt: bool | None = None) -> torch.Tensor:
+                    disable_dropout: bool = True, start: int | None = None, with_entropy: bool = False,
+                    info: dict | None = None, shared_prompt: bool | None = None):
     """Log-probs of concatenated row blocks, block ``i`` (``rows_each`` rows) under adapter ``names[i]``
     of ``shared`` (or, with ``reference``, all of them under the base alone), with dropout off unless
     ``disable_dropout`` is False (see :func:`loss_forward`). ``temperature`` is one value or one per
-    block (each member scores at its own sampling temperature); ``start`` as in :func:`forward_logprobs`.
+    block (each member scores at its own sampling temperature); ``start`` and ``with_entropy`` (also return
+    the per-token entropy of the scored distribution, detached) as in :func:`forward_logprobs`.
 
     Several members run as ONE routed forward when their adapters are routed exactly and dropout
     is off; otherwise (DoRA, or dropout on) each block runs through PEFT's own forward in turn.
@@ -233,15 +235,16 @@ def member_logprobs(shared, names: Sequence[str], seqs: torch.Tensor, attn: torc
         temperature = torch.tensor(temps).repeat_interleave(rows_each)
     if reference:
         with torch.set_grad_enabled(grad), shared.reference() as model:
-            return forward_logprobs(model, seqs, attn, temperature, chunk_rows, logits_budget_mb=logits_budget_mb,
-                                    start=start, info=info, shared_prompt=shared_prompt)
+            return forward_logprobs(model, seqs, attn, temperature, chunk_rows, with_entropy,
+                                    logits_budget_mb=logits_budget_mb, start=start, info=info,
+                                    shared_prompt=shared_prompt)
     if len(names) > 1 and (batch_path(shared, names) != ROUTED or (grad and not disable_dropout)):
         out, parts = [], []  # one member at a time through PEFT's own forward (no checkpointing: one backward later)
         for i, name in enumerate(names):
             rows = slice(i * rows_each, (i + 1) * rows_each)
             parts.append({})
             with torch.set_grad_enabled(grad), loss_forward(shared, name, grad, disable_dropout, True) as model:
-                out.append(forward_logprobs(model, seqs[rows], attn[rows], temps[i], chunk_rows,
+                out.append(forward_logprobs(model, seqs[rows], attn[rows], temps[i], chunk_rows, with_entropy,
                                             logits_budget_mb=logits_budget_mb, start=start, info=parts[-1],
                                             shared_prompt=shared_prompt))
         if info is not None:
@@ -250,7 +253,7 @@ def member_logprobs(shared, names: Sequence[str], seqs: torch.Tensor, attn: torc
             for name in names:
                 for p in shared.parameters(name):
                     p.requires_grad_(True)
-        return torch.cat(out)
+        return tuple(torch.cat(cols) for cols in zip(*out)) if with_entropy else torch.cat(out)
     if len(names) == 1:
         ctx = loss_forward(shared, names[0], grad, disable_dropout)
         chunk = chunk_rows
@@ -261,5 +264,5 @@ def member_logprobs(shared, names: Sequence[str], seqs: torch.Tensor, attn: torc
         if len(names) > 1 and grad and (model.training or checkpointing(model)):
             model.eval()  # dropout off (routing never applies LoRA dropout), and no checkpointing (the backward
             # runs after the routing hooks are gone); each eval() walks every module, so only when needed
-        return forward_logprobs(model, seqs, attn, temperature, chunk, logits_budget_mb=logits_budget_mb, start=start,
-                                blocks=len(names), info=info, shared_prompt=shared_prompt)
+        return forward_logprobs(model, seqs, attn, temperature, chunk, with_entropy, logits_budget_mb=logits_budget_mb,
+                                start=start, blocks=len(names), info=info, shared_prompt=shared_prompt)

@@ -163,11 +163,33 @@ def _split(out: dict, job: tuple, seqs: torch.Tensor, sampler_logp, mask: torch.
                                     None if sampler_logp is None else sampler_logp[i * rows:(i + 1) * rows])
 
 
-def evaluate_population(agents: Sequence, env, record: bool = True) -> list[float]:
+class Fitness(list):
+    """Fitness per member (a plain list of floats) that also carries ``stderr``: the standard error of
+    each member's mean over the evaluation's items (prompts or episodes), and ``sum_sq``: the sum of
+    the squared item scores (to combine shards)."""
+
+    def __init__(self, values, stderr=None, sum_sq=None):
+        super().__init__(values)
+        self.stderr = list(stderr) if stderr is not None else [float("nan")] * len(self)
+        self.sum_sq = list(sum_sq) if sum_sq is not None else None
+
+
+def mean_stderr(total: float, sum_sq: float, n: int) -> float:
+    """Standard error of a mean of ``n`` items from their sum and sum of squares (ddof=1; NaN for n < 2)."""
+    if n < 2:
+        return float("nan")
+    var = max(sum_sq - total * total / n, 0.0) / (n - 1)
+    return (var / n) ** 0.5
+
+
+def evaluate_population(agents: Sequence, env, record: bool = True) -> Fitness:
     """Fitness of every member: mean reward over the env's fixed test prompts, greedy decoding,
-    all members batched. Appends to each member's ``fitness`` when ``record``."""
+    all members batched (with each mean's standard error, see :class:`Fitness`). Recorded in each
+    member's fitness history when ``record``."""
     prompts = env.test_prompts()
     totals = torch.zeros(len(agents))
+    sums = torch.zeros(len(agents), dtype=torch.float64)  # the standard errors' accumulators
+    squares = torch.zeros(len(agents), dtype=torch.float64)
     count = 0
     step = getattr(env, "eval_batch_size", 64)
     for start in range(0, len(prompts), step):
@@ -175,10 +197,15 @@ def evaluate_population(agents: Sequence, env, record: bool = True) -> list[floa
         rollouts = generate_population(agents, batch, training=False)
         for j, agent in enumerate(agents):
             completions, _ = rollouts[agent.index].per_prompt()
-            totals[j] += env.score(completions, batch).sum()
+            scores = env.score(completions, batch)
+            totals[j] += scores.sum()
+            scores = torch.as_tensor(scores, dtype=torch.float64)
+            sums[j] += scores.sum()
+            squares[j] += (scores * scores).sum()
         count += len(batch)
-    fitness = (totals / count).tolist()
+    fitness = Fitness((totals / count).tolist(),
+                      [mean_stderr(float(t), float(q), count) for t, q in zip(sums, squares)], squares.tolist())
     if record:
         for agent, f in zip(agents, fitness):
-            agent.fitness.append(f)
+            agent.record_fitness(f)
     return fitness

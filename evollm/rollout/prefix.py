@@ -119,8 +119,8 @@ def shared_prompt_support(model) -> str | None:
         return f"model type {kind!r} is not one of {list(SHARED_PROMPT_MODEL_TYPES)}"
     if getattr(cfg, "_attn_implementation", None) not in _ATTENTION:
         return f"attention kernel {cfg._attn_implementation!r}"
-    if getattr(cfg, "use_sliding_window", False) or any(t != "full_attention"
-                                                        for t in getattr(cfg, "layer_types", None) or ()):
+    sliding = getattr(cfg, "use_sliding_window", getattr(cfg, "sliding_window", None) is not None)
+    if sliding or any(t != "full_attention" for t in getattr(cfg, "layer_types", None) or ()):
         return "sliding-window attention"
     get_decoder = getattr(inner, "get_decoder", None)
     if get_decoder is None or _cache_keyword(type(get_decoder())) is None:

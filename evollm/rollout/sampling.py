@@ -223,7 +223,7 @@ def generate(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, sampl
         if reps > 1 and share_prefix and ids.shape[1] > 1:
             prefix = model(input_ids=ids[:, :-1], attention_mask=mask[:, :-1],
                            position_ids=position_ids_from_mask(mask[:, :-1]), use_cache=True)
-            cache = prefix.past_key_values
+            cache = prefix["cache"] if "cache" in prefix else prefix.past_key_values  # 5.2x name
             cache.batch_repeat_interleave(reps)
             kwargs[cache_kwarg(model)] = cache
         out = model.generate(input_ids=rows_ids, attention_mask=rows_mask, **kwargs)

@@ -103,7 +103,7 @@ class RunCheckpointer:
         directory: where ``step_N/`` folders go (``output_dir/checkpoints`` for ``evollm train``).
         every: steps between periodic checkpoints (0: none; selections, signals and the end still save).
         keep: newest checkpoints kept (``None``: all).
-        env, mutation, selection: objects whose ``state_dict()`` is saved and restored.
+        env, mutation, selection, narrowing: objects whose ``state_dict()`` is saved and restored.
         seed: the run seed (recorded). config: the run config as plain data (recorded).
         resume: restore the newest valid checkpoint before the first step.
         handle_signals: on SIGINT/SIGTERM finish the current step, save, and raise :class:`RunInterrupted`;
@@ -113,20 +113,19 @@ class RunCheckpointer:
     """
 
     def __init__(self, directory: str | Path, every: int = 0, keep: int | None = 3, *, env=None, mutation=None,
-                 selection=None, seed: int = 0, config: dict | None = None, resume: bool = False,
+                 selection=None, narrowing=None, seed: int = 0, config: dict | None = None, resume: bool = False,
                  handle_signals: bool = True, log: Callable[[str], None] = print,
-                 stop_grace: float | None | str = "default", lock: bool = True):
+                 stop_grace: float | None = STOP_GRACE, lock: bool = True):
         if every < 0 or (keep is not None and keep < 1):
             raise ValueError(f"checkpoint every={every} must be >= 0 and keep={keep} >= 1 or None")
-        if stop_grace == "default":
-            stop_grace = STOP_GRACE
         if stop_grace is not None and not stop_grace > 0:
             raise ValueError(f"stop_grace must be > 0 seconds or None, got {stop_grace}")
         self.stop_grace = stop_grace
         self._lock = RunLock(directory, log=log) if lock else None
         self._alarm = None
+        self._saving = False
         self.directory, self.every, self.keep = Path(directory), int(every), keep
-        self.env, self.mutation, self.selection = env, mutation, selection
+        self.env, self.mutation, self.selection, self.narrowing = env, mutation, selection, narrowing
         self.seed, self.config, self.resume = seed, config, resume
         self.handle_signals, self.log = handle_signals, log
         self.last_saved: int | None = None
@@ -176,14 +175,22 @@ class RunCheckpointer:
     def save(self, state) -> Path:
         """Checkpoint the run as it is after ``state.step`` completed steps."""
         self._disarm()  # a stop signal's deadline does not cut a checkpoint write short
+        self._saving = True
+        try:
+            return self._save(state)
+        finally:
+            self._saving = False
+
+    def _save(self, state) -> Path:
         t0 = time.perf_counter()
         folder = self.directory / f"step_{state.step}"
-        healthy = sum(not getattr(a, "quarantined", False) for a in state.agents)
+        healthy = sum(not a.quarantined for a in state.agents)
 
         def run_files(tmp: Path) -> None:
             write_run_state(tmp, step=state.step, max_steps=state.max_steps, seed=self.seed,
                             since_eval=state.since_eval, env=self.env, mutation=self.mutation,
-                            selection=self.selection, config=self.config, healthy_members=healthy)
+                            selection=self.selection, config=self.config, healthy_members=healthy,
+                            narrowing=self.narrowing)
 
         save_population(list(state.agents), state.record, folder, extra_files=run_files)
         self.last_saved = state.step
@@ -214,11 +221,11 @@ class RunCheckpointer:
         check_fingerprint(population.get("base_fingerprint"), agents[0].shared.model, folder)
         restored = restore_members(agents, folder, member_ids(population["members"], folder))
         shared = restored[0].shared
-        shared._used_ids.update(int(i) for i in population.get("used_ids", []))
+        shared.mark_used(population.get("used_ids", []))
         state.record.load_state_dict({k: v for k, v in population.items()
                                       if k not in ("members", "used_ids", "base_fingerprint")})
         state.record.members = list(restored)
-        restore_components(run, self.env, self.mutation, self.selection, folder)
+        restore_components(run, self.env, self.mutation, self.selection, folder, narrowing=self.narrowing)
         restore_rng(run["rng"], rng_tensors)
         state.step, state.agents = run["step"], restored
         state.since_eval = since_eval_from(run)
@@ -249,7 +256,7 @@ class RunCheckpointer:
         self.signum = signum
         self._restore_signals()  # a second signal acts at once (the last complete checkpoint stays)
         grace = ""
-        if self.stop_grace is not None and hasattr(signal, "setitimer"):
+        if self.stop_grace is not None and hasattr(signal, "setitimer") and not self._saving:
             self._alarm = signal.signal(signal.SIGALRM, self._on_deadline)
             signal.setitimer(signal.ITIMER_REAL, self.stop_grace)
             last = f"step_{self.last_saved}" if self.last_saved is not None else "none yet"
@@ -288,7 +295,7 @@ def restore_members(live: list, folder: Path, ids: list[int]) -> list:
                 raise CheckpointError(f"checkpoint {folder}: member {index} is a {kind}, and the resumed population "
                                       f"has none ({sorted({type(a).__name__ for a in live})}); resume with the "
                                       "population the run was started with")
-            template.shared._used_ids.discard(index)  # the same member returns; no other member gets its id
+            template.shared.return_index(index, template.ID_SPACE)  # the same member returns; no other gets its id
             agent = template.clone(index=index)
         rank = info.get("lora_rank")
         if rank is not None and (member_dir / "adapter").is_dir():  # checked against the adapter files

@@ -63,6 +63,8 @@ class RunFilesWriter(Callback):
 
     def on_selection(self, state: LoopState, result) -> None:
         write_csv(state.record.lineage(), self.run_dir / "lineage.csv")
+        if state.record.selection_rows:
+            write_csv(state.record.selections(), self.run_dir / "selections.csv")
         self._progress(state, "running")
 
     def on_train_end(self, state: LoopState) -> None:
@@ -74,7 +76,8 @@ class RunFilesWriter(Callback):
 
     # ------------------------------------------------------------------ files
     def _write_tables(self, state: LoopState) -> None:
-        for name, frame in (("report", state.record.report()), ("lineage", state.record.lineage())):
+        for name, frame in (("report", state.record.report()), ("lineage", state.record.lineage()),
+                            ("selections", state.record.selections())):
             if len(frame):  # no header-only files: a reader finds either rows or nothing
                 write_csv(frame, self.run_dir / f"{name}.csv")
 

@@ -2,7 +2,9 @@
 which hyperparameters, and every fitness and train-reward measurement.
 
 ``report()`` is one row per member per evaluation; ``lineage()`` one row per birth;
-``metrics()`` one row per member per training step (learn metrics, timings, throughput, memory).
+``metrics()`` one row per member per training step (learn metrics, timings, throughput, memory);
+``selections()`` one row per selection or narrowing (who was kept, who was dropped, and the ranking's
+signal-to-noise).
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ class Population:
         self.births: list[Birth] = []
         self.rows: list[dict] = []
         self.metric_rows: list[dict] = []  # plain JSON-able dicts, one per member per step
+        self.selection_rows: list[dict] = []  # one per selection or narrowing
         self.generation = 0
         self.algorithm = algorithm
         for agent in agents or []:
@@ -87,8 +90,12 @@ class Population:
             row.update((extra or {}).get(agent.index, {}))
             self.rows.append(row)
 
-    def record_selection(self, result, step: int) -> None:
-        """After selection + mutation: register the clones as births of a new generation."""
+    def record_selection(self, result, step: int, stderr: dict[int, float] | None = None,
+                         source: str = "last") -> None:
+        """After selection + mutation: register the clones as births of a new generation, and the
+        selection itself (scores, who was kept, signal-to-noise; ``stderr``: the standard error of each
+        old member's score, by id; ``source``: what the scores are, see :meth:`selections`)."""
+        self._selection_row("selection", result, step, stderr, source)
         self.generation += 1
         for agent in result.population:
             if agent.index in result.parents:
@@ -101,6 +108,35 @@ class Population:
                     new_value=_scalar(m.new) if m is not None else None,
                     hyperparameters=_hyperparameters(agent)))
         self.members = list(result.population)
+
+    def record_narrowing(self, result, step: int, fraction: float, stderr: dict[int, float] | None = None,
+                         source: str = "last") -> None:
+        """A narrowing of the population (``result.dropped`` released for good, ``result.population``
+        kept as they are) at ``fraction`` of the budget."""
+        self._selection_row("narrowing", result, step, stderr, source, budget_fraction=float(fraction))
+        self.members = list(result.population)
+
+    def _selection_row(self, kind: str, result, step: int, stderr: dict[int, float] | None, source: str,
+                       **extra) -> None:
+        from evollm.hpo.selection import selection_signal
+
+        scores = {int(k): float(v) for k, v in (result.scores or {}).items()}
+        stderr = {int(k): float(v) for k, v in (stderr or {}).items()}
+        signal = selection_signal(list(scores.values()), [stderr.get(k, math.nan) for k in scores])
+        kept = [int(a.index) for a in result.population]
+        row = {"step": int(step), "generation": self.generation, "kind": kind, "source": source,
+               "size_before": len(scores), "size_after": len(kept), "best": result.best_index,
+               "spread": signal["spread"], "stderr": signal["stderr"], "snr": signal["snr"],
+               "kept": " ".join(str(i) for i in kept if i in scores),
+               "dropped": " ".join(str(int(a.index)) for a in result.dropped
+                                   if int(a.index) not in kept),
+               "scores": " ".join(f"{k}:{v:.4g}" for k, v in scores.items()), "budget_fraction": math.nan}
+        row.update(extra)
+        self.selection_rows.append(row)
+
+    def fitness_stderr(self, index: int) -> list[float]:
+        """Standard errors of ``index``'s evaluations, oldest first (NaN where unknown)."""
+        return [float(r.get("fitness_se", math.nan)) for r in self.rows if r["member"] == index]
 
     def record_step(self, step: int, metrics: dict[int, dict]) -> None:
         """One row per member that learnt at ``step`` (``metrics``: member index -> its learn metrics,
@@ -137,6 +173,17 @@ class Population:
         ``tokens_per_s`` and ``peak_memory_mb`` (README: "What a run directory holds")."""
         return typed(pd.DataFrame(self.metric_rows), METRICS_DTYPES)
 
+    def selections(self) -> pd.DataFrame:
+        """One row per selection (``kind == "selection"``) or narrowing (``"narrowing"``): step,
+        generation, ``source`` of the scores (``last``/``mean``: held-out fitness, ``train``: running
+        mean of training rewards), ``size_before``/``size_after``, ``best`` member, ``kept`` and
+        ``dropped`` member ids (space-separated; a narrowing's dropped members are released for good),
+        ``scores`` (``id:score``), and how well the ranking beats noise: ``spread`` (standard deviation
+        of the scores between members), ``stderr`` (root mean square of their standard errors) and
+        ``snr = spread / stderr`` (below about 1 the ranking is mostly noise), ``budget_fraction``
+        (narrowings)."""
+        return typed(pd.DataFrame(self.selection_rows), SELECTION_DTYPES)
+
     def lineage(self) -> pd.DataFrame:
         """One row per birth: member, parent, generation, step, mutation (name, kind, old, new) and
         the member's hyperparameters at birth as ``hp_<name>``."""
@@ -171,6 +218,8 @@ class Population:
         paths = {"report": out / "report.csv", "lineage": out / "lineage.csv", "metrics": out / "metrics.csv"}
         for key, frame in (("report", self.report()), ("lineage", self.lineage()), ("metrics", self.metrics())):
             write_csv(frame, paths[key])
+        if self.selection_rows:
+            paths["selections"] = write_csv(self.selections(), out / "selections.csv")
         if plots and self.rows:
             from evollm.run.plots import plot_run
             paths.update(plot_run(self.report(), self.lineage(), self.metrics(), out))
@@ -178,7 +227,8 @@ class Population:
 
     def state_dict(self) -> dict:
         return {"generation": self.generation, "algorithm": self.algorithm,
-                "births": [asdict(b) for b in self.births], "rows": self.rows, "metrics": self.metric_rows}
+                "births": [asdict(b) for b in self.births], "rows": self.rows, "metrics": self.metric_rows,
+                "selections": self.selection_rows}
 
     def load_state_dict(self, state: dict) -> None:
         self.generation = state["generation"]
@@ -186,6 +236,7 @@ class Population:
         self.births = [Birth(**b) for b in state["births"]]
         self.rows = list(state["rows"])
         self.metric_rows = list(state.get("metrics", []))
+        self.selection_rows = list(state.get("selections", []))
 
     def save_json(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.state_dict(), indent=1, default=jsonable))
@@ -208,6 +259,10 @@ LINEAGE_DTYPES = {"member": "int64", "parent": "Int64", "generation": "int64", "
                   "mutation": "string", "mutation_kind": "string"}
 #: The cost columns that close every metrics row (see :mod:`evollm.run.measure`).
 COST_COLUMNS = ("time_generate_s", "time_learn_s", "time_eval_s", "gen_tokens", "tokens_per_s", "peak_memory_mb")
+SELECTION_DTYPES = {"step": "int64", "generation": "int64", "kind": "string", "source": "string",
+                    "size_before": "int64", "size_after": "int64", "best": "Int64", "spread": "float64",
+                    "stderr": "float64", "snr": "float64", "kept": "string", "dropped": "string",
+                    "scores": "string", "budget_fraction": "float64"}
 METRICS_DTYPES = {"step": "int64", "generation": "int64", "member": "int64", "gen_tokens": "Int64"}
 
 

@@ -27,7 +27,7 @@ def save_population(agents, population, path: str | Path, extra_files=None) -> P
         state = population.state_dict()
         state["members"] = [int(a.index) for a in agents]
         if agents:
-            state["used_ids"] = sorted(agents[0].shared._used_ids)
+            state["used_ids"] = agents[0].shared.used_indices()
             state["base_fingerprint"] = shared_fingerprint(agents[0].shared)
         (tmp / "population.json").write_text(json.dumps(state, indent=1, default=jsonable))
         if extra_files is not None:
@@ -57,12 +57,12 @@ def load_population(path: str | Path, agent_cls, actor_network, **kwargs):
     for index in ids:
         member_dir = path / f"member_{index}"
         name = SharedBase.member_adapter(index)
-        if shared is not None and shared.has_adapter(name) and name not in shared._released_kept:
+        if shared is not None and shared.is_live(name):
             raise CheckpointError(f"member {index} of {path} is still alive on this model (adapter "
                                   f"m{index}); release the trained members first (agent.release()) or load "
                                   "onto a fresh model")
         if shared is not None:
-            shared._used_ids.discard(index)  # the same member comes back; its id is not reused by another
+            shared.return_index(index)  # the same member comes back; its id is not reused by another
         lora_config = LoraConfig.from_pretrained(str(member_dir / "adapter"))
         lora_config.inference_mode = False
         shapes = safetensors_shapes(member_dir / "adapter" / ADAPTER_WEIGHTS)  # before a member of rank r exists
@@ -73,7 +73,7 @@ def load_population(path: str | Path, agent_cls, actor_network, **kwargs):
         agent.load_checkpoint(member_dir, verify_manifest=False)
         agents.append(agent)
     if agents:
-        agents[0].shared._used_ids.update(int(i) for i in state.pop("used_ids", []))
+        agents[0].shared.mark_used(state.pop("used_ids", []))
     population = Population()
     population.load_state_dict({k: v for k, v in state.items() if k not in ("used_ids", "base_fingerprint")})
     population.members = list(agents)

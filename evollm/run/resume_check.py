@@ -1,6 +1,6 @@
 """What may change when a run is resumed: the resumed run config is compared with the one recorded in
 the checkpoint, field by field. Only the fields of :data:`SAFE_ON_RESUME` (budget, evaluation and
-checkpoint cadence, logging, threads) may differ freely; any other difference is refused naming the
+checkpoint cadence, logging) may differ freely; any other difference is refused naming the
 field, unless it is allowed explicitly (``evollm resume RUN --allow-change FIELD``), and an allowed
 change is recorded in ``RUN/config_changes.json``."""
 
@@ -14,9 +14,10 @@ from typing import Any
 from evollm.utils.atomic import write_json
 
 # fields (or whole sections) a resumed run may change without a flag: they change when or how long the
-# run goes on, what it logs and how often it saves, never what the members learn
+# run goes on, what it logs and how often it saves, never what the members learn (the same list as
+# evollm.config.schema.RESUME_SETTABLE, which `resume --set` accepts, plus the run directory itself)
 SAFE_ON_RESUME = ("train.max_steps", "train.max_time", "train.evaluation_interval", "train.checkpoint_every",
-                  "train.keep_checkpoints", "train.stop_grace", "logging", "threads", "output_dir")
+                  "train.keep_checkpoints", "train.stop_grace", "logging", "output_dir")
 CHANGES_FILE = "config_changes.json"
 
 

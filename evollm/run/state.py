@@ -11,9 +11,9 @@ from typing import Any
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
-from evollm.utils.atomic import CheckpointError
+from evollm.utils.atomic import CheckpointError, save_tensors
 
 RUN_STATE = "run_state.json"
 TORCH_RNG = "rng_torch.safetensors"
@@ -48,16 +48,16 @@ def _state_of(obj) -> Any:
 
 def write_run_state(folder: Path, *, step: int, max_steps: int, seed: int, since_eval: dict, env=None,
                     mutation=None, selection=None, config: dict | None = None,
-                    healthy_members: int | None = None) -> None:
+                    healthy_members: int | None = None, narrowing=None) -> None:
     """The loop/run part of a checkpoint, into ``folder`` (called before the manifest is written).
     ``healthy_members``: how many members were not quarantined (rotation keeps a healthy checkpoint)."""
     rng, tensors = capture_rng()
     state = {"step": int(step), "max_steps": int(max_steps), "seed": int(seed), "healthy_members": healthy_members,
              "since_eval": {str(k): list(v) for k, v in since_eval.items()}, "rng": rng,
              "env": _state_of(env), "mutation": _state_of(mutation), "selection": _state_of(selection),
-             "config": config}
+             "narrowing": _state_of(narrowing), "config": config}
     (folder / RUN_STATE).write_text(json.dumps(state, indent=1))
-    save_file({k: v.contiguous() for k, v in tensors.items()}, str(folder / TORCH_RNG))
+    save_tensors({k: v.contiguous() for k, v in tensors.items()}, str(folder / TORCH_RNG))
 
 
 def read_run_state(folder: Path) -> tuple[dict, dict[str, torch.Tensor]]:
@@ -71,9 +71,10 @@ def read_run_state(folder: Path) -> tuple[dict, dict[str, torch.Tensor]]:
     return state, load_file(str(folder / TORCH_RNG))
 
 
-def restore_components(state: dict, env=None, mutation=None, selection=None, where: Path | None = None) -> None:
+def restore_components(state: dict, env=None, mutation=None, selection=None, where: Path | None = None,
+                       narrowing=None) -> None:
     """Put the env, mutation and selection generators back where the checkpoint left them."""
-    for name, obj in (("env", env), ("mutation", mutation), ("selection", selection)):
+    for name, obj in (("env", env), ("mutation", mutation), ("selection", selection), ("narrowing", narrowing)):
         saved = state.get(name)
         if obj is None:
             continue

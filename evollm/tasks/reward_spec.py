@@ -40,7 +40,7 @@ def split_spec(spec: str) -> tuple[str, str]:
 
 
 def _hint(spec: str, attr: str, dirs: list[Path]) -> str:
-    where = " or ".join(str(d) for d in dirs) or "the working directory"
+    where = " and ".join(str(d) for d in dirs) or "the working directory"
     return (f"looked in {where} and on sys.path; give the file, e.g. 'path/to/rewards.py:{attr or 'score'}', "
             "or run with PYTHONPATH=<folder holding the module>")
 
@@ -91,8 +91,8 @@ def locate_reward(spec: str, search_dirs: Iterable[str | os.PathLike] = ()) -> s
         return f"{local}:{attr}"
     if importlib.util.find_spec(target.split(".")[0]) is not None:
         return spec  # an installed package: imported by name
-    raise ValueError(f"task.reward={spec!r}: cannot import module {target!r} (No module named "
-                     f"{target.split('.')[0]!r}); {_hint(spec, attr, dirs)}")
+    raise ValueError(f"task.reward={spec!r}: cannot import module {target!r} (no "
+                     f"{Path(*target.split('.')).with_suffix('.py')}); {_hint(spec, attr, dirs)}")
 
 
 def _import_file(path: Path, spec: str):

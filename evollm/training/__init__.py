@@ -5,5 +5,7 @@ from .ippo import IPPOTrainer, finetune_ippo
 from .loop import evolve, finetune_llm_reasoning, learn_all
 from .quarantine import DivergenceLimits, PopulationDiverged
 from .multiturn import finetune_llm_multiturn
+from .settings import LoopSettings
 
-__all__ = ["Callback", "DivergenceLimits", "PopulationDiverged", "IPPOTrainer", "LoopState", "evolve", "finetune_ippo", "finetune_llm_multiturn", "finetune_llm_reasoning", "learn_all"]
+__all__ = ["Callback", "DivergenceLimits", "IPPOTrainer", "LoopSettings", "LoopState", "PopulationDiverged", "evolve",
+           "finetune_ippo", "finetune_llm_multiturn", "finetune_llm_reasoning", "learn_all"]

@@ -7,8 +7,10 @@
   for AgileRL (it passes one of AgileRL's own keywords) and does not say is warned.
 * ``num_epochs``: passes over the training set, instead of ``max_steps``.
 * ``max_reward``: stop after an evaluation whose best fitness reaches it.
-* ``init_hp``, ``wb=False``, ``accelerator=None``, ``checkpoint_steps=None``, ``wandb_api_key``:
-  accepted; they have no effect here (logging and checkpoints are callbacks).
+* ``init_hp``, ``wb``, ``accelerator``, ``checkpoint_steps=None``, ``wandb_api_key``: accepted; they
+  have no effect here (logging and checkpoints are callbacks; ``wb=True`` and an ``accelerator`` print a
+  one-time note). ``max_steps`` with ``num_epochs``: ``num_epochs`` is used, with a warning.
+* ``env_fn=`` instead of ``env=``: evollm calls it once; every member answers the same prompts.
 """
 
 from __future__ import annotations
@@ -26,8 +28,10 @@ def resolve_max_steps(max_steps: int | None, num_epochs: float | None, unit: str
     """Iterations of the evolution loop for the given budget (see the module docstring)."""
     if unit is not None and unit not in UNITS:
         raise ValueError(f"max_steps_unit={unit!r} is not valid; choose one of {list(UNITS)}")
-    if max_steps is not None and num_epochs is not None:
-        raise ValueError("give max_steps or num_epochs, not both")
+    if max_steps is not None and num_epochs is not None:  # AgileRL: num_epochs wins, with a warning
+        warnings.warn(f"num_epochs={num_epochs} and max_steps={max_steps} both given: num_epochs is used, "
+                      "max_steps ignored", UserWarning, stacklevel=3)
+        max_steps = None
     if num_epochs is not None:
         if num_epochs <= 0:
             raise ValueError(f"num_epochs must be > 0, got {num_epochs}")
@@ -49,11 +53,23 @@ def agilerl_extras(kwargs: dict) -> bool:
     unknown = sorted(set(kwargs) - set(AGILERL_ONLY))
     if unknown:
         raise TypeError(f"finetune_llm_reasoning got unexpected keyword(s) {unknown}")
+    from evollm.algorithms.compat import note_once
     if kwargs.get("wb"):
-        raise ValueError("wb=True: Weights & Biases logging is a callback in evollm, not a flag; pass wb=False")
+        note_once("wb", "Weights & Biases logging is not started by this flag: pass a logging callback "
+                        "(or logging.wandb in a run config)")
     if kwargs.get("accelerator") is not None:
-        raise ValueError("accelerator=: pass None; evollm's multi-process runs are configured by accelerate launch")
+        note_once("accelerator", "the Accelerator object is not used; launch with `accelerate launch` for "
+                                 "several processes")
     return bool(kwargs)
+
+
+def pick_env(env, env_fn):
+    """AgileRL's ``env_fn=``: evollm builds ONE env from it (every member answers the same prompts)."""
+    if env is not None and env_fn is not None:
+        raise ValueError("Provide exactly one of 'env' or 'env_fn'")
+    if env is None and env_fn is None:
+        raise ValueError("Either 'env' or 'env_fn' must be provided")
+    return env if env is not None else env_fn()
 
 
 def pick_selection(tournament, selection_strategy):

@@ -8,6 +8,7 @@ from typing import Sequence
 import torch
 
 from evollm.parallel import distributed as dist
+from evollm.rollout.population import Fitness, mean_stderr
 
 
 class ShardedTestSet:
@@ -36,12 +37,16 @@ def evaluate_data_parallel(agents: Sequence, env, evaluate_population, record: b
     if not dist.is_distributed():
         return evaluate_population(agents, env, record=record)
     view = ShardedTestSet(env)
-    local = evaluate_population(agents, view, record=False) if view.test_prompts() else [0.0] * len(agents)
-    sums = dist.all_reduce_sum([f * len(view.test_prompts()) for f in local])
-    fitness = (sums / view.total).tolist()
+    n = len(view.test_prompts())
+    local = evaluate_population(agents, view, record=False) if n else [0.0] * len(agents)
+    local_sq = getattr(local, "sum_sq", None) or [0.0] * len(agents)
+    sums = dist.all_reduce_sum([f * n for f in local])
+    squares = dist.all_reduce_sum(list(local_sq)).tolist()
+    fitness = Fitness((sums / view.total).tolist(),
+                      [mean_stderr(float(t), q, view.total) for t, q in zip(sums, squares)], squares)
     if record:
         for agent, f in zip(agents, fitness):
-            agent.fitness.append(f)
+            agent.record_fitness(f)
     return fitness
 
 

@@ -26,7 +26,9 @@ from ..envs.team import TeamTask
 from evollm.run.population import Population
 from .callbacks import Callback
 from .data_parallel import seed_sampling
+from .quarantine import healthy
 from .loop import closing_all, evolve, run_callbacks
+from .settings import LoopSettings, loop_settings
 
 #: per-agent training metrics copied into the report (averaged since the previous evaluation)
 AGENT_METRICS = ("policy_loss", "value_loss", "entropy", "clip_fraction", "explained_variance")
@@ -67,18 +69,17 @@ def team_metrics(team: IPPOTeam, episodes, agent_metrics: Sequence[dict]) -> dic
     return out
 
 
-def finetune_ippo(teams: Sequence[IPPOTeam], task: TeamTask, max_steps: int, evaluation_interval: int = 10,
-                  evo_steps: int | None = None, tournament=None, mutation=None, save_elite: bool = False,
-                  elite_path: str | Path | None = None, verbose: bool = True, seed: int = 0,
-                  population: Population | None = None, callbacks: Sequence[Callback] = (),
-                  log: Callable[[str], None] | None = None, checkpoint_dir: str | Path | None = None,
-                  resume: bool = False, checkpoint_every: int | None = None, keep_checkpoints: int | None = 3,
-                  run_config: dict | None = None, max_time: float | None = None) -> tuple[list, Population]:
+def finetune_ippo(teams: Sequence[IPPOTeam], task: TeamTask, settings: LoopSettings | None = None, *,
+                  tournament=None, mutation=None, population: Population | None = None,
+                  callbacks: Sequence[Callback] = (), log: Callable[[str], None] | None = None,
+                  **options) -> tuple[list, Population]:
     """Train a population of teams on ``task``; returns ``(teams, population)`` like the other loops.
     ``population.report()`` has one row per team per evaluation, with ``success`` and per-agent columns.
-    ``checkpoint_dir``, ``resume``, ``checkpoint_every``, ``keep_checkpoints``, ``run_config`` and
-    ``max_time`` are as in :func:`~evollm.training.loop.finetune_llm_reasoning` (the task's position in
-    its training rows is saved with the run)."""
+    ``settings`` (:class:`~evollm.training.settings.LoopSettings`, or its fields as keywords) are as in
+    :func:`~evollm.training.loop.finetune_llm_reasoning` (the task's position in its training rows is saved
+    with the run)."""
+    s = loop_settings(settings, options, "finetune_ippo")
+    seed = s.seed
     sizes = {t.config.rollout_buffer_size for t in teams}
     if len(sizes) > 1:
         raise ValueError(f"teams disagree on rollout_buffer_size {sorted(sizes)}; every team plays the same rows")
@@ -94,7 +95,7 @@ def finetune_ippo(teams: Sequence[IPPOTeam], task: TeamTask, max_steps: int, eva
     report = TeamReport()
 
     def train_step(agents, step):
-        active = [t for t in agents if not getattr(t, "quarantined", False)]
+        active = healthy(agents)
         rows = dist.shard(task.next_rows(buffer), "rows (rollout_buffer_size)")  # multi-process: this process's share
         seed_sampling(seed, step)
         rollout = play_teams(active, task, rows, training=True)
@@ -102,18 +103,14 @@ def finetune_ippo(teams: Sequence[IPPOTeam], task: TeamTask, max_steps: int, eva
         return {t.index: team_metrics(t, rollout.episodes[t.index], r) for t, r in zip(active, results)}
 
     def evaluate(agents):
-        fitness, success = evaluate_teams_data_parallel(agents, task)
+        fitness, success = evaluate_teams_data_parallel(agents, task, record=False)
         report.success = {t.index: s for t, s in zip(agents, success)}
         return fitness
 
-    callbacks = run_callbacks([report, *callbacks], checkpoint_dir, resume, checkpoint_every, keep_checkpoints,
-                              evaluation_interval, env=task, mutation=mutation, selection=tournament, seed=seed,
-                              config=run_config)
+    callbacks = run_callbacks([report, *callbacks], s, env=task, mutation=mutation, selection=tournament)
     with closing_all(callbacks):
-        return evolve(teams, train_step, evaluate, max_steps=max_steps, evaluation_interval=evaluation_interval,
-                      evo_steps=evo_steps, tournament=tournament, mutation=mutation, population=population,
-                      save_elite=save_elite, elite_path=elite_path, verbose=verbose, seed=seed,
-                      callbacks=callbacks, log=log, max_time=max_time)
+        return evolve(teams, train_step, evaluate, s, tournament=tournament, mutation=mutation,
+                      population=population, callbacks=callbacks, log=log)
 
 
 def evaluate_teams_data_parallel(teams: Sequence[IPPOTeam], task: TeamTask, record: bool = True
@@ -128,7 +125,7 @@ def evaluate_teams_data_parallel(teams: Sequence[IPPOTeam], task: TeamTask, reco
     fitness, success = dist.all_reduce_mean(fitness).tolist(), dist.all_reduce_mean(success).tolist()
     if record:
         for team, f in zip(teams, fitness):
-            team.fitness.append(f)
+            team.record_fitness(f)
     return fitness, success
 
 
@@ -167,8 +164,8 @@ class IPPOTrainer:
                              num_turns=self.args.num_turns, reward_processor=reward_processor,
                              max_new_tokens=self.args.max_new_tokens, max_model_len=self.args.max_model_len,
                              seed=self.args.seed, **task_kwargs)
-        self.teams = [IPPOTeam(model, tokenizer, config=self.args, hp_config=hp_config, lora_config=lora_config)
-                      for _ in range(population_size)]
+        self.teams = IPPOTeam.population(population_size, model, hp_config=hp_config, init_sampler=None,
+                                         tokenizer=tokenizer, config=self.args, lora_config=lora_config)
         self.mutation, self.tournament, self.evo_steps = mutation, tournament, evo_steps
         self.metrics_callback = metrics_callback
         self.population: Population | None = None

@@ -24,27 +24,28 @@ from ..rollout import evaluate_population, generate_population
 from ..run.measure import member_tokens, with_costs
 from .dynamic_sampling import refill
 from .callbacks import Callback, LoopState, call
-from .quarantine import (DivergenceLimits, check_members, evaluate_healthy, is_quarantined, replace_quarantined,
-                         stop_if_none_healthy)
-from .compat import agilerl_extras, pick_selection, resolve_max_steps
+from .quarantine import check_members, evaluate_healthy, healthy, replace_quarantined, stop_if_none_healthy
+from ..algorithms.compat import wants_vllm
+from .compat import AGILERL_ONLY, agilerl_extras, pick_env, pick_selection, resolve_max_steps
 from .data_parallel import evaluate_data_parallel, seed_sampling
+from .settings import LoopSettings, loop_settings
 
 
-def validate_settings(pop: Sequence, max_steps: int, evaluation_interval: int, evo_steps: int | None,
-                      tournament, mutation) -> None:
-    """Reject inconsistent settings before any work is done."""
+def validate_settings(pop: Sequence, settings: LoopSettings, tournament, mutation) -> None:
+    """Reject a population or evolution objects that do not fit ``settings`` before any work is done
+    (the options themselves are checked by :meth:`LoopSettings.validate`)."""
     if not pop:
         raise ValueError("the population is empty")
-    if max_steps < 1:
-        raise ValueError(f"max_steps must be >= 1, got {max_steps}")
-    if evaluation_interval < 1:
-        raise ValueError(f"evaluation_interval must be >= 1, got {evaluation_interval}")
-    if evo_steps is not None:
+    if settings.max_steps is None:
+        raise ValueError("max_steps is required")
+    if settings.evo_steps is not None:
         if tournament is None or mutation is None:
             raise ValueError("evo_steps is set, so both tournament and mutation are required")
-        if evo_steps < evaluation_interval or evo_steps % evaluation_interval:
-            raise ValueError(f"evo_steps={evo_steps} must be a multiple of evaluation_interval="
-                             f"{evaluation_interval}: selection needs a fresh evaluation")
+        on_train = getattr(tournament, "fitness", None) == "train"  # ranks on training rewards: no evaluation needed
+        if not on_train and (settings.evo_steps < settings.evaluation_interval
+                             or settings.evo_steps % settings.evaluation_interval):
+            raise ValueError(f"evo_steps={settings.evo_steps} must be a multiple of evaluation_interval="
+                             f"{settings.evaluation_interval}: selection needs a fresh evaluation")
         size = getattr(tournament, "population_size", None)
         if size is not None and size != len(pop):
             raise ValueError(f"tournament.population_size={size} but the population has {len(pop)} members")
@@ -55,27 +56,30 @@ def validate_settings(pop: Sequence, max_steps: int, evaluation_interval: int, e
 
 
 def evolve(pop: Sequence, train_step: Callable[[list, int], dict[int, dict]],
-           evaluate: Callable[[list], list[float]], *, max_steps: int, evaluation_interval: int,
-           evo_steps: int | None = None, tournament=None, mutation=None, population: Population | None = None,
-           save_elite: bool = False, elite_path: str | Path | None = None, verbose: bool = True,
-           seed: int = 0, log: Callable[[str], None] | None = None,
-           callbacks: Sequence[Callback] = (), max_time: float | None = None,
-           max_reward: float | None = None,
-           divergence: DivergenceLimits | None = None) -> tuple[list, Population]:
+           evaluate: Callable[[list], list[float]], settings: LoopSettings | None = None, *, tournament=None,
+           mutation=None, population: Population | None = None, log: Callable[[str], None] | None = None,
+           callbacks: Sequence[Callback] = (), **options) -> tuple[list, Population]:
     """The loop itself; :func:`finetune_llm_reasoning` and ``finetune_llm_multiturn`` supply the
     ``train_step`` (returns per-member metrics) and ``evaluate`` (returns fitness per member).
-    ``callbacks`` (:class:`~evollm.training.callbacks.Callback`) are called at every step,
+    ``settings`` (:class:`~evollm.training.settings.LoopSettings`, or its fields as keywords) holds every
+    option. ``callbacks`` (:class:`~evollm.training.callbacks.Callback`) are called at every step,
     evaluation, selection and at the end. The run stops early, after a final evaluation, once
-    ``max_time`` seconds have passed, or after an evaluation whose best fitness reaches ``max_reward``. ``divergence``
-    (:class:`~evollm.training.quarantine.DivergenceLimits`, default limits when ``None``) sets when a
-    member with finite but blown-up weights, KL or loss is quarantined."""
-    validate_settings(pop, max_steps, evaluation_interval, evo_steps, tournament, mutation)
-    if max_time is not None and max_time <= 0:
-        raise ValueError(f"max_time must be > 0 seconds, got {max_time}")
-    run_started = time.perf_counter()
+    ``max_time`` seconds have passed on ``max_time_clock`` (``"wall"``, or ``"cpu"``: this process's CPU time,
+    all threads), or after an evaluation whose best fitness reaches ``max_reward``; ``narrowing``
+    (:class:`~evollm.hpo.narrowing.Narrowing`) drops the worst members at fixed fractions of the budget
+    (see :func:`narrow_population`);
+    ``divergence`` sets when a member with finite but blown-up weights, KL or loss is quarantined.
+    (``checkpoint_dir`` and its options are read by the drivers, which add the checkpointing callback.)"""
+    s = loop_settings(settings, options, "evolve")
+    validate_settings(pop, s, tournament, mutation)
+    max_steps, evaluation_interval, evo_steps = s.max_steps, s.evaluation_interval, s.evo_steps
+    max_time, max_reward, save_elite, elite_path, seed = s.max_time, s.max_reward, s.save_elite, s.elite_path, s.seed
+    clock = budget_clock(s.max_time_clock)
+    run_started = clock()
+    narrowing = s.narrowing
     dist.init()
     main = dist.is_main_process()  # multi-process: only the main process prints and runs callbacks
-    verbose = verbose and main
+    verbose = s.verbose and main
     callbacks = list(callbacks) if main else []
     agents = list(pop)
     record = population if population is not None else Population(agents)
@@ -85,29 +89,36 @@ def evolve(pop: Sequence, train_step: Callable[[list, int], dict[int, dict]],
     agents, since_eval = list(state.agents), state.since_eval
     bar = tqdm(range(state.step, max_steps), desc="train", disable=not verbose, dynamic_ncols=True,
                initial=state.step, total=max_steps)
+    spent_before = narrowing.elapsed_s if narrowing is not None else 0.0  # budget time of earlier processes
+    on_train = getattr(tournament, "fitness", None) == "train"
     for step in bar:
         torch.manual_seed(seed + step)
         metrics = dist.reduce_metrics([a.index for a in agents], train_step(agents, step))
         record.record_step(step + 1, metrics)
         for agent in agents:
             m = metrics.get(agent.index, {})
-            agent.scores.append(m.get("mean_reward", math.nan))
+            agent.record_score(m.get("mean_reward", math.nan))
             since_eval.setdefault(agent.index, []).append(m.get("mean_reward", math.nan))
-        check_members(agents, metrics, step + 1, log, divergence)
+        check_members(agents, metrics, step + 1, log, s.divergence)
         stop_if_none_healthy(agents, step + 1)
         done = step + 1
         state.step, state.agents = done, agents
         call(callbacks, "on_step_end", state, metrics)
         stop = None
-        if max_time is not None and time.perf_counter() - run_started >= max_time:
-            stop = f"max_time={max_time:g}s reached after {done} steps"
+        elapsed = clock() - run_started
+        if max_time is not None and elapsed >= max_time:
+            stop = f"max_time={max_time:g}s ({s.max_time_clock} clock) reached after {done} steps"
+        evaluated = False
         if done % evaluation_interval == 0 or done == max_steps or stop:
             started = time.perf_counter()
             fitness = evaluate_healthy(agents, evaluate)
+            evaluated = True
             record.record_evaluation_time(done, time.perf_counter() - started)
             train_rewards = {a.index: _mean(since_eval.get(a.index, [])) for a in agents}
+            stderr = getattr(fitness, "stderr", None) or [math.nan] * len(agents)
             record.record_evaluation(done, agents, fitness, train_rewards,
-                                     extra={a.index: {"quarantined": is_quarantined(a)} for a in agents})
+                                     extra={a.index: {"quarantined": a.quarantined, "fitness_se": se}
+                                            for a, se in zip(agents, stderr)})
             call(callbacks, "on_evaluation", state, fitness)
             since_eval.clear()
             best = max(fitness)
@@ -120,6 +131,15 @@ def evolve(pop: Sequence, train_step: Callable[[list, int], dict[int, dict]],
         if stop:
             log(f"stopping: {stop}")
             break
+        if narrowing is not None:
+            narrowing.elapsed_s = spent_before + elapsed  # saved with checkpoints: a resumed run goes on from here
+            if done < max_steps and (evaluated or on_train):
+                agents, narrowed = narrow_population(agents, narrowing, done, max_steps, max_time, tournament,
+                                                     record, log if verbose else None)
+                if narrowed is not None:
+                    dist.agree(dist.population_digest(agents), f"the population after narrowing at step {done}")
+                    state.agents = agents
+                    call(callbacks, "on_selection", state, narrowed)
         if evo_steps is not None and done % evo_steps == 0 and done < max_steps:
             dist.sync_rng(tournament, mutation)  # one source of randomness: process 0's
             if save_elite and zero.active():
@@ -140,6 +160,67 @@ def evolve(pop: Sequence, train_step: Callable[[list, int], dict[int, dict]],
         record.best().save_checkpoint(Path(elite_path or "elite") / "final")
     call(callbacks, "on_train_end", state)
     return agents, record
+
+
+def budget_clock(kind: str) -> Callable[[], float]:
+    """Seconds on the budget's clock: ``"wall"`` (``time.perf_counter``) or ``"cpu"`` (this process's
+    CPU time over all its threads, ``time.process_time``: on a shared machine the fairer budget)."""
+    if kind == "wall":
+        return time.perf_counter
+    if kind == "cpu":
+        return time.process_time
+    raise ValueError(f"max_time_clock={kind!r} is not valid; choose 'wall' or 'cpu'")
+
+
+def narrow_population(agents: list, narrowing, step: int, max_steps: int, max_time: float | None, tournament,
+                      record: Population, log: Callable[[str], None] | None = None):
+    """Act on the milestones of ``narrowing`` the budget has reached: rank the members (by the
+    selection's score when there is a selection, else by their last fitness), keep the best, release
+    the others (adapters and optimizer state freed on the shared base) and record them as dropped.
+    Returns ``(agents, result)``; ``result`` is ``None`` when nothing was due."""
+    from evollm.hpo.narrowing import budget_fraction
+    from evollm.hpo.selection import SelectionResult
+
+    fraction = dist.broadcast_object(budget_fraction(step, max_steps, narrowing.elapsed_s, max_time))
+    due = narrowing.due(fraction)
+    if not due:
+        return agents, None
+
+    def score(agent) -> float:
+        if getattr(agent, "quarantined", False):
+            return -math.inf
+        if tournament is not None:
+            return tournament.score(agent)
+        return agent.fitness[-1] if agent.fitness else -math.inf
+
+    scores = {int(a.index): float(score(a)) for a in agents}
+    kept, dropped = narrowing.narrow(agents, lambda a: scores[int(a.index)], due)
+    if not dropped:  # already at the schedule's smallest size
+        return agents, None
+    if tournament is not None and hasattr(tournament, "resize"):
+        tournament.resize(len(kept))
+    best = max(kept, key=lambda a: (scores[int(a.index)], -int(a.index)))
+    result = SelectionResult(elite=None, population=list(kept), dropped=list(dropped), scores=scores,
+                             best_index=int(best.index))
+    stderr = {int(a.index): _stderr(tournament, a, record) for a in agents}
+    record.record_narrowing(result, step, fraction, stderr, source=getattr(tournament, "fitness", "last"))
+    for agent in dropped:
+        agent.release()
+    if log is not None:
+        log(f"narrowing at step {step} ({fraction:.0%} of the budget): kept {[a.index for a in kept]}, "
+            f"released {[a.index for a in dropped]}")
+    return list(kept), result
+
+
+def _stderr(tournament, agent, record: Population) -> float:
+    """Standard error of ``agent``'s ranking score (NaN when it cannot be told)."""
+    if tournament is None or not hasattr(tournament, "stderr"):
+        history = record.fitness_stderr(agent.index)
+        return history[-1] if history else math.nan
+    try:
+        return float(tournament.stderr(agent, record.fitness_stderr(agent.index)))
+    except ValueError:
+        return math.nan
 
 
 def _snapshot_for_checkpoints(agents: Sequence, callbacks: Sequence, state: LoopState) -> None:
@@ -166,11 +247,14 @@ def _evolve_once(agents: list, tournament, mutation, record: Population, step: i
     elite = selection_elite(result, agents)
     if save_elite is not None:  # before any mutation or release: the member that was evaluated
         save_elite(elite)
+    if hasattr(mutation, "observe"):  # the model-based explore learns from how each member did
+        mutation.observe(agents, result.scores)
+    stderr = {int(a.index): _stderr(tournament, a, record) for a in agents}
     targets = list(result.mutate)
     if getattr(mutation, "mutate_elite", False) and result.elite is not None:
         targets.append(result.elite)
     mutation.mutation(targets)
-    record.record_selection(result, step)
+    record.record_selection(result, step, stderr=stderr, source=getattr(tournament, "fitness", "last"))
     if result.elite is not None and result.elite in targets:
         record.record_mutations([result.elite], step)
     for old in result.dropped:
@@ -212,19 +296,17 @@ def closing_all(callbacks: Sequence):
                 cb.close()
 
 
-def run_callbacks(callbacks: Sequence[Callback], checkpoint_dir, resume: bool, checkpoint_every: int | None,
-                  keep_checkpoints: int | None, evaluation_interval: int, **components) -> list:
-    """``callbacks`` plus a :class:`~evollm.run.RunCheckpointer` when ``checkpoint_dir`` is given."""
-    if checkpoint_dir is None:
-        if resume:
-            raise ValueError("resume=True needs checkpoint_dir (the folder holding the step_N checkpoints)")
+def run_callbacks(callbacks: Sequence[Callback], settings: LoopSettings, **components) -> list:
+    """``callbacks`` plus a :class:`~evollm.run.RunCheckpointer` when ``settings.checkpoint_dir`` is given."""
+    if settings.checkpoint_dir is None:
         return list(callbacks)
     from ..run import RunCheckpointer
 
-    every = evaluation_interval if checkpoint_every is None else checkpoint_every
     # first: it restores a resumed run before other callbacks start, and saves before they act on a step
-    return [RunCheckpointer(checkpoint_dir, every, keep_checkpoints, resume=resume,
-                            log=lambda msg: tqdm.write(msg), **components), *callbacks]
+    return [RunCheckpointer(settings.checkpoint_dir, settings.checkpoint_interval(), settings.keep_checkpoints,
+                            resume=settings.resume, log=lambda msg: tqdm.write(msg), seed=settings.seed,
+                            config=settings.run_config, narrowing=settings.narrowing, stop_grace=settings.stop_grace,
+                            **components), *callbacks]
 
 
 ROLLOUT_BACKENDS = ("hf", "vllm")
@@ -246,27 +328,22 @@ def use_rollout_backend(pop: Sequence, backend: str = "hf", vllm=None) -> None:
         raise ValueError("vllm settings given but rollout_backend is 'hf'; set rollout_backend='vllm'")
 
 
-def finetune_llm_reasoning(pop: Sequence, env, max_steps: int | None = None, evaluation_interval: int = 10,
-                           evo_steps: int | None = None, tournament=None, mutation=None,
-                           save_elite: bool = False, elite_path: str | Path | None = None,
-                           verbose: bool = True, seed: int = 0, population: Population | None = None,
-                           callbacks: Sequence[Callback] = (), checkpoint_dir: str | Path | None = None,
-                           resume: bool = False, checkpoint_every: int | None = None,
-                           keep_checkpoints: int | None = 3, run_config: dict | None = None,
-                           max_time: float | None = None, max_reward: float | None = None,
-                           num_epochs: float | None = None, max_steps_unit: str | None = None,
-                           selection_strategy=None, rollout_backend: str = "hf", vllm=None,
-                           **agilerl_kwargs) -> tuple[list, Population]:
+def finetune_llm_reasoning(pop: Sequence, env=None, settings: LoopSettings | None = None, *, tournament=None,
+                           mutation=None, population: Population | None = None, callbacks: Sequence[Callback] = (),
+                           selection_strategy=None, num_epochs: float | None = None,
+                           max_steps_unit: str | None = None, rollout_backend: str = "hf", vllm=None, env_fn=None,
+                           **options) -> tuple[list, Population]:
     """Train a population of single-turn agents (GRPO family) on a :class:`ReasoningGym`.
 
     Every step, all members answer the same prompts (one batched generate over the shared base),
     each member learns from its own completions, then the env moves to the next batch. Returns
     ``(agents, population)``: the final members and their :class:`Population` record.
 
-    With ``checkpoint_dir`` the whole run is checkpointed into ``checkpoint_dir/step_N/`` every
-    ``checkpoint_every`` steps (default: ``evaluation_interval``; 0: only at selections, on SIGINT/SIGTERM
-    and at the end), keeping the newest ``keep_checkpoints``. ``resume=True`` continues exactly from the
-    newest valid checkpoint there (``pop`` and ``env`` built as for the original run).
+    ``settings`` (:class:`~evollm.training.settings.LoopSettings`; or its fields as keywords:
+    ``max_steps``, ``evaluation_interval``, ``evo_steps``, ``checkpoint_dir``, ...) holds the loop's
+    options. With ``checkpoint_dir`` the whole run is checkpointed into ``checkpoint_dir/step_N/``
+    (``checkpoint_every``, ``keep_checkpoints``); ``resume=True`` continues exactly from the newest valid
+    checkpoint there (``pop`` and ``env`` built as for the original run).
 
     Budget: ``max_steps`` iterations (``max_steps_unit="prompts"``: AgileRL's meaning, prompts
     summed over the population), or ``num_epochs`` passes over the training set; ``max_time``
@@ -283,11 +360,17 @@ def finetune_llm_reasoning(pop: Sequence, env, max_steps: int | None = None, eva
     and release; ``vllm`` takes :class:`~evollm.rollout.vllm_engine.VLLMSettings` (or a dict). The
     engine's sampled-token log-probs drive the GRPO ``sampler_correction``.
     """
+    agilerl_kwargs = {k: options.pop(k) for k in list(options) if k in AGILERL_ONLY}
+    s = loop_settings(settings, options, "finetune_llm_reasoning")
     agilerl_style = agilerl_extras(agilerl_kwargs) or selection_strategy is not None or num_epochs is not None \
-        or max_reward is not None
+        or s.max_reward is not None
     tournament = pick_selection(tournament, selection_strategy)
-    max_steps = resolve_max_steps(max_steps, num_epochs, max_steps_unit, env.batch_size, len(pop), len(env),
-                                  agilerl_style)
+    env = pick_env(env, env_fn)
+    if rollout_backend == "hf" and wants_vllm(pop):  # AgileRL's use_vllm=True on the members
+        rollout_backend = "vllm"
+    s = s.replace(max_steps=resolve_max_steps(s.max_steps, num_epochs, max_steps_unit, env.batch_size, len(pop),
+                                              len(env), agilerl_style))
+    seed = s.seed
     use_rollout_backend(pop, rollout_backend, vllm)
     dist.init()
     n_proc = dist.num_processes()
@@ -310,7 +393,7 @@ def finetune_llm_reasoning(pop: Sequence, env, max_steps: int | None = None, eva
         prompts = dist.shard(env.reset())  # multi-process: this process's share of the global batch
         seed_sampling(seed, step)
         started = time.perf_counter()
-        rollouts = generate_population([a for a in agents if not getattr(a, "quarantined", False)], prompts)
+        rollouts = generate_population(healthy(agents), prompts)
         generated = time.perf_counter()
         active = [a for a in agents if a.index in rollouts]
         experiences = []
@@ -328,12 +411,7 @@ def finetune_llm_reasoning(pop: Sequence, env, max_steps: int | None = None, eva
         return with_costs(metrics, member_tokens(active, [e[1] for e in experiences]), generated - started,
                           time.perf_counter() - learnt)
 
-    callbacks = run_callbacks(callbacks, checkpoint_dir, resume, checkpoint_every, keep_checkpoints,
-                              evaluation_interval, env=env, mutation=mutation, selection=tournament, seed=seed,
-                              config=run_config)
+    callbacks = run_callbacks(callbacks, s, env=env, mutation=mutation, selection=tournament)
     with closing_all(callbacks):
-        return evolve(pop, train_step, lambda agents: evaluate_data_parallel(agents, env, evaluate_population), max_steps=max_steps,
-                      evaluation_interval=evaluation_interval, evo_steps=evo_steps, tournament=tournament,
-                      mutation=mutation, population=population, save_elite=save_elite, elite_path=elite_path,
-                      verbose=verbose, seed=seed, callbacks=callbacks, max_time=max_time,
-                      max_reward=max_reward)
+        return evolve(pop, train_step, lambda agents: evaluate_data_parallel(agents, env, evaluate_population, record=False), s,
+                      tournament=tournament, mutation=mutation, population=population, callbacks=callbacks)

@@ -6,7 +6,8 @@
 * ``train_step``: every member plays the same ``episodes_per_step`` seeds (``group_size``
   episodes per seed for group-relative members), all members' running episodes answered
   by one batched, adapter-routed ``generate`` per turn; then each member learns from its
-  own episodes.  LLMPPO / LLMREINFORCE get ``(ids, action_masks, turn_ids, rewards[B, K])``;
+  own episodes.  LLMPPO / LLMREINFORCE get ``(ids, action_masks, turn_ids, rewards[B, K], truncated[B])``
+  (``truncated``: the episode was cut by the turn limit or the context length; PPO bootstraps it);
   GRPO-family members get ``(ids, action_masks, returns[P, G])``, where an episode's reward
   is the sum of its turn rewards and advantages are relative to the other episodes of the
   same seed (environment tokens are masked out in both cases).
@@ -24,7 +25,6 @@ from __future__ import annotations
 
 import math
 import time
-from pathlib import Path
 from typing import Callable, Sequence
 
 import torch
@@ -33,9 +33,13 @@ from evollm.parallel import distributed as dist
 from ..algorithms.grpo import GRPO
 from evollm.run.population import Population
 from ..rollout import Episode, EnvPool, collect_episodes, stack_episodes
+from ..rollout.population import Fitness, mean_stderr
 from ..run.measure import member_tokens, with_costs
+from .compat import AGILERL_ONLY, agilerl_extras, pick_selection
 from .data_parallel import seed_sampling
+from .quarantine import healthy
 from .loop import closing_all, evolve, run_callbacks
+from .settings import LoopSettings, loop_settings
 
 #: Evaluation seeds start here, far from the training seeds (``seed * 10**6 + step * episodes_per_step + i``).
 EVAL_SEED_OFFSET = 2**31
@@ -48,19 +52,23 @@ def episodes_to_experiences(agent, episodes: Sequence[Episode], num_turns: int) 
         group = agent.config.group_size
         returns = torch.tensor([e.episode_return for e in episodes], dtype=torch.float32)
         return ids, masks, returns.reshape(-1, group)
-    return ids, masks, turn_ids, rewards
+    truncated = torch.tensor([e.truncated for e in episodes], dtype=torch.bool)
+    return ids, masks, turn_ids, rewards, truncated
 
 
 def evaluate_episodes(agents: Sequence, pool: EnvPool, seeds: Sequence[int], max_turns: int | None = None,
                       record: bool = True) -> tuple[list[float], dict[int, list[Episode]]]:
     """Greedy episodes of every member on ``seeds``; returns ``(mean return per member, episodes)``.
-    Appends the fitness to each member's ``fitness`` when ``record``."""
+    Records the fitness in each member's history when ``record``."""
     episodes = collect_episodes(agents, pool.get(len(agents) * len(seeds)), seeds, training=False,
                                 max_turns=max_turns)
-    fitness = [sum(e.episode_return for e in episodes[a.index]) / len(seeds) for a in agents]
+    returns = [[float(e.episode_return) for e in episodes[a.index]] for a in agents]
+    fitness = Fitness([sum(r) / len(seeds) for r in returns],
+                      [mean_stderr(sum(r), sum(x * x for x in r), len(r)) for r in returns],
+                      [sum(x * x for x in r) for r in returns])
     if record:
         for agent, f in zip(agents, fitness):
-            agent.fitness.append(f)
+            agent.record_fitness(f)
     return fitness, episodes
 
 
@@ -69,37 +77,39 @@ def success_rate(episodes: Sequence[Episode]) -> float:
     return sum(e.success for e in episodes) / len(episodes) if episodes else math.nan
 
 
-def finetune_llm_multiturn(pop: Sequence, max_turns: int, env_factory: Callable[[], object], max_steps: int,
-                           evaluation_interval: int = 10, evo_steps: int | None = None, tournament=None,
-                           mutation=None, episodes_per_step: int = 16, eval_episodes: int = 64,
-                           save_elite: bool = False, elite_path: str | Path | None = None, verbose: bool = True,
-                           seed: int = 0, population: Population | None = None,
+def finetune_llm_multiturn(pop: Sequence, max_turns: int, env_factory: Callable[[], object],
+                           settings: LoopSettings | None = None, *, tournament=None, mutation=None,
+                           episodes_per_step: int = 16, eval_episodes: int = 64, population: Population | None = None,
                            on_evaluation: Callable[[int, list, dict], None] | None = None,
-                           callbacks: Sequence = (), checkpoint_dir: str | Path | None = None,
-                           resume: bool = False, checkpoint_every: int | None = None,
-                           keep_checkpoints: int | None = 3, run_config: dict | None = None,
-                           max_time: float | None = None
-                           ) -> tuple[list, Population]:
-    """Train a population on a multi-turn environment (``max_time``: wall-clock budget in seconds).
+                           callbacks: Sequence = (), selection_strategy=None, max_wall_seconds=None,
+                           **options) -> tuple[list, Population]:
+    """Train a population on a multi-turn environment.
 
     Args:
         pop: the members (LLMPPO, LLMREINFORCE or GRPO family), all on one shared base.
         max_turns: most model turns per episode.
         env_factory: returns a fresh :class:`~evollm.envs.multiturn.TokenObservationWrapper`; one is
             made per concurrently played episode and reused.
-        max_steps, evaluation_interval, evo_steps, tournament, mutation, save_elite, elite_path, verbose,
-            seed, population: as in :func:`~evollm.training.loop.finetune_llm_reasoning`.
+        settings: the loop's options (:class:`~evollm.training.settings.LoopSettings`, or its fields as
+            keywords), as in :func:`~evollm.training.loop.finetune_llm_reasoning` (episode seeds follow
+            from the step, so a checkpoint holds no env state).
+        tournament, mutation, population: as in :func:`~evollm.training.loop.finetune_llm_reasoning`.
         episodes_per_step: training seeds per step (each member plays each, ``group_size`` times for
             group-relative members).
         eval_episodes: size of the fixed evaluation set of seeds.
         on_evaluation: optional ``callback(step, agents, episodes_by_member)`` after each evaluation
             (e.g. to log success rates).
-        checkpoint_dir, resume, checkpoint_every, keep_checkpoints, run_config: as in
-            :func:`~evollm.training.loop.finetune_llm_reasoning` (episode seeds follow from the step, so
-            there is no env state to save).
 
-    Returns ``(agents, population)`` like the reasoning loop.
+    Returns ``(agents, population)`` like the reasoning loop. AgileRL's ``selection_strategy``
+    (``tournament``), ``max_wall_seconds`` (``max_time``), ``init_hp``, ``wb`` and ``accelerator`` are
+    accepted (see :mod:`evollm.training.compat`).
     """
+    agilerl_extras({k: options.pop(k) for k in list(options) if k in AGILERL_ONLY})
+    tournament = pick_selection(tournament, selection_strategy)
+    if max_wall_seconds is not None:
+        options.setdefault("max_time", max_wall_seconds)
+    s = loop_settings(settings, options, "finetune_llm_multiturn")
+    seed = s.seed
     if max_turns < 1 or episodes_per_step < 1 or eval_episodes < 1:
         raise ValueError(f"max_turns, episodes_per_step and eval_episodes must be >= 1, got {max_turns}, "
                          f"{episodes_per_step}, {eval_episodes}")
@@ -114,7 +124,7 @@ def finetune_llm_multiturn(pop: Sequence, max_turns: int, env_factory: Callable[
 
     def train_step(agents, step):
         progress["step"] = step + 1
-        active = [a for a in agents if not getattr(a, "quarantined", False)]
+        active = healthy(agents)
         seeds = [seed * 10**6 + step * episodes_per_step + i for i in range(episodes_per_step)]
         seeds = dist.shard(seeds, "episodes (episodes_per_step)")  # multi-process: this process's share
         seed_sampling(seed, step)
@@ -134,17 +144,11 @@ def finetune_llm_multiturn(pop: Sequence, max_turns: int, env_factory: Callable[
         fitness, episodes = evaluate_episodes(agents, pool, mine, max_turns, record=False)
         if dist.is_distributed():  # every process the same fitness: the mean return over all seeds
             fitness = dist.all_reduce_mean(fitness).tolist()
-        for agent, f in zip(agents, fitness):
-            agent.fitness.append(f)
         if on_evaluation is not None:
             on_evaluation(progress["step"], agents, episodes)
         return fitness
 
-    callbacks = run_callbacks(callbacks, checkpoint_dir, resume, checkpoint_every, keep_checkpoints,
-                              evaluation_interval, mutation=mutation, selection=tournament, seed=seed,
-                              config=run_config)
+    callbacks = run_callbacks(callbacks, s, mutation=mutation, selection=tournament)
     with closing_all(callbacks):
-        return evolve(pop, train_step, evaluate, max_steps=max_steps, evaluation_interval=evaluation_interval,
-                      evo_steps=evo_steps, tournament=tournament, mutation=mutation, population=population,
-                      save_elite=save_elite, elite_path=elite_path, verbose=verbose, seed=seed,
-                      callbacks=callbacks, max_time=max_time)
+        return evolve(pop, train_step, evaluate, s, tournament=tournament, mutation=mutation, population=population,
+                      callbacks=callbacks)

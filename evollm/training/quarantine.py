@@ -16,21 +16,11 @@ from typing import Callable, Sequence
 
 import torch
 
-
-def is_quarantined(agent) -> bool:
-    return bool(getattr(agent, "quarantined", False))
+from evollm.rollout.population import Fitness
 
 
 def healthy(agents: Sequence) -> list:
-    return [a for a in agents if not is_quarantined(a)]
-
-
-def trainable_parameters(agent) -> list[torch.Tensor]:
-    """Every tensor a member trains: its adapters and extra modules (a team: those of all its agents)."""
-    if hasattr(agent, "agents"):
-        return [p for member in agent.agents for p in trainable_parameters(member)]
-    params = [p for role in agent.ROLES for p in agent.shared.parameters(agent.adapter_name(role))]
-    return params + [p for group in agent._extra_parameters().values() for p in group]
+    return [a for a in agents if not a.quarantined]
 
 
 @dataclass(frozen=True)
@@ -71,7 +61,7 @@ def nonfinite_reason(agent, metrics: dict, limits: DivergenceLimits | None = Non
         return f"loss {float(loss):.4g} beyond max_loss_abs={limits.max_loss_abs:g}"
     if _beyond(metrics.get("kl"), limits.max_kl):
         return f"KL to the reference {float(metrics['kl']):.4g} beyond max_kl={limits.max_kl:g}"
-    params = trainable_parameters(agent)
+    params = agent.trainable_parameters()
     if params:
         finite = torch.stack([torch.isfinite(p).all() for p in params])
         if not bool(finite.all()):
@@ -90,7 +80,7 @@ class PopulationDiverged(RuntimeError):
 
     def __init__(self, step: int, agents: Sequence):
         self.step = step
-        self.reasons = {int(a.index): str(getattr(a, "quarantine_reason", None) or "quarantined") for a in agents}
+        self.reasons = {int(a.index): str(a.quarantine_reason or "quarantined") for a in agents}
         shown = "; ".join(f"member {i}: {r}" for i, r in list(self.reasons.items())[:2])
         more = f"; and {len(self.reasons) - 2} more" if len(self.reasons) > 2 else ""
         super().__init__(f"every member of the population diverged by step {step} ({shown}{more}), so nothing is "
@@ -102,12 +92,11 @@ def check_members(agents: Sequence, metrics: dict[int, dict], step: int, log: Ca
     """Quarantine every trained member that fails :func:`nonfinite_reason`; returns the newly quarantined."""
     newly = []
     for agent in agents:
-        if is_quarantined(agent) or agent.index not in metrics:
+        if agent.quarantined or agent.index not in metrics:
             continue
         reason = nonfinite_reason(agent, metrics[agent.index], limits)
         if reason is not None:
-            agent.quarantined = True
-            agent.quarantine_reason = f"step {step}: {reason}"
+            agent.quarantine(f"step {step}: {reason}")
             hps = {}
             for name in getattr(agent, "MUTABLE", ()):
                 try:
@@ -128,30 +117,32 @@ def stop_if_none_healthy(agents: Sequence, step: int) -> None:
 
 
 def evaluate_healthy(agents: Sequence, evaluate: Callable[[list], list[float]]) -> list[float]:
-    """Fitness in the order of ``agents``: evaluated for healthy members, -inf (also appended to the
-    member's fitness history) for quarantined ones."""
+    """Fitness in the order of ``agents``: ``evaluate`` (which records nothing) for healthy members, -inf
+    for quarantined ones; recorded here, once per evaluation, in every member's fitness history."""
     ok = healthy(agents)
-    scores = iter(evaluate(ok) if ok else [])
-    fitness = []
+    measured = evaluate(ok) if ok else []
+    scores, errors = iter(measured), iter(getattr(measured, "stderr", None) or [math.nan] * len(measured))
+    fitness, stderr = [], []
     for agent in agents:
-        if is_quarantined(agent):
-            agent.fitness.append(-math.inf)
-            fitness.append(-math.inf)
-        else:
-            fitness.append(next(scores))
-    return fitness
+        fitness.append(-math.inf if agent.quarantined else next(scores))
+        stderr.append(math.nan if agent.quarantined else next(errors))
+    for agent, f in zip(agents, fitness):
+        agent.record_fitness(f)
+    return Fitness(fitness, stderr)
 
 
 def replace_quarantined(result, old_agents: Sequence, tournament) -> None:
     """After selection: a quarantined member, or a clone of one, that made it into the new population is
     replaced (in ``result``) by a clone of the best healthy old member, which is then mutated like any clone."""
-    sick = {a.index for a in old_agents if is_quarantined(a)}
+    sick = {a.index for a in old_agents if a.quarantined}
     if not sick:
         return
-    donors = [a for a in old_agents if not is_quarantined(a) and a.fitness]
+    scores = getattr(result, "scores", None) or {}  # the selection's ranking (held-out or training rewards)
+    score = (lambda a: scores[int(a.index)]) if scores else (lambda a: a.fitness[-1])
+    donors = [a for a in old_agents if not a.quarantined and (int(a.index) in scores if scores else a.fitness)]
     if not donors:
         raise PopulationDiverged(max((len(a.scores) for a in old_agents), default=0), old_agents)
-    donor = max(donors, key=lambda a: (a.fitness[-1], -a.index))
+    donor = max(donors, key=lambda a: (score(a), -a.index))
     for slot, agent in enumerate(list(result.population)):
         parent = result.parents.get(agent.index)
         if agent.index not in sick and parent not in sick:

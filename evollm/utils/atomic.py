@@ -205,3 +205,16 @@ def write_atomically(target: Path, write: Callable[[Path], None]) -> Path:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+# --------------------------------------------------------------------------- tensor files
+def save_tensors(tensors: dict, path: str | Path, metadata: dict | None = None) -> None:
+    """``safetensors.torch.save_file``, with a failed write (a full disk, a file-size limit, a read-only
+    folder) raised as an :class:`OSError` naming the file, like every other write."""
+    from safetensors import SafetensorError
+    from safetensors.torch import save_file
+
+    try:
+        save_file(tensors, str(path), metadata=metadata)
+    except SafetensorError as e:
+        raise OSError(f"could not write {path}: {e}") from e

@@ -194,6 +194,25 @@ class TestGRPOInit:
                  group_size=5, cosine_lr_schedule_config=None, accelerator=None)
 
 
+class TestGRPOInitWarningsLoRA:
+    def test_init_grpo_scheduler_warning_no_accelerator(self):
+        model, tok = tiny_model()
+        with pytest.warns(UserWarning, match=r"No LoRA config provided\.\s+evollm can only be used to finetune "
+                                             r"adapters at present\."):
+            GRPO(actor_network=model, pad_token_id=tok.pad_token_id, pad_token="<pad>", device="cpu", group_size=5,
+                 cosine_lr_schedule_config={"num_epochs": 10, "warmup_proportion": 0.05}, use_vllm=False,
+                 accelerator=None, use_separate_reference_adapter=False, max_output_tokens=20)
+
+    def test_init_grpo_separate_reference_adapter_no_deprecation_warning(self):
+        model, tok = tiny_model()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            GRPO(actor_network=model, lr=0.1, pad_token_id=tok.pad_token_id, pad_token="<pad>", device="cpu",
+                 group_size=5, use_separate_reference_adapter=True, cosine_lr_schedule_config=None, accelerator=None)
+        assert not [w for w in caught if issubclass(w.category, DeprecationWarning)
+                    and "use_separate_reference_adapter" in str(w.message)]
+
+
 class TestGRPOClipCoefTuple:
     def test_tuple_clip_coef_unpacks_into_min_and_max(self) -> None:
         grpo = _make_cpu_grpo_for_branch_tests(clip_coef=(0.15, 0.25))

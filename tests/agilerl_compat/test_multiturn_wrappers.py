@@ -1,6 +1,7 @@
 """AgileRL's tests/test_wrappers/test_multiturn_wrappers.py (TokenObservationWrapper), ported.
 
-Changed: imports; a private-attribute assert (``_last_full_prompt_token_len``) dropped. Left out
+Changed: imports; a private-attribute assert (``_last_full_prompt_token_len``) dropped; the two guard
+tests build the wrapper normally instead of with ``__new__`` and cleared private fields. Left out
 (AgileRL internals): every test that builds the wrapper with ``__new__`` and sets private fields or
 calls private methods (``_build_model_prompt_fields``, ``_chat_template_boundary_ids``,
 ``_tokenize_feedback``, ``_tokenize_initial_prompt``, ``_format_obs``, ``_step``,
@@ -70,6 +71,22 @@ class _NonTerminalEnv:
         if self.calls == 1:
             return "feedback", 0.5, False, False, {"prefix": "F:", "suffix": "T"}
         return "done", 1.0, True, False, {}
+
+
+class TestTokenObservationWrapperGuards:
+    """AgileRL's ``test_step_raises_without_prior_policy_observation`` and
+    ``test_get_episode_data_raises_without_reset`` on a wrapper built normally (AgileRL's build it with
+    ``__new__`` and clear private fields to reach the same state)."""
+
+    def test_step_raises_without_prior_policy_observation(self) -> None:
+        w = TokenObservationWrapper(_RecordingGemEnv(), _ChrTokenizer(), max_turns=1, apply_chat_template=False)
+        with pytest.raises(RuntimeError, match="requires a prior reset"):
+            w.step(torch.ones(1, 2, dtype=torch.long))
+
+    def test_get_episode_data_raises_without_reset(self) -> None:
+        w = TokenObservationWrapper(_RecordingGemEnv(), _ChrTokenizer(), max_turns=1, apply_chat_template=False)
+        with pytest.raises(RuntimeError, match="No episode data"):
+            w.get_episode_data()
 
 
 class TestTokenObservationWrapperReset:

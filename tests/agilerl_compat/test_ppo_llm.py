@@ -96,6 +96,11 @@ class TestPPOInit:
         ppo = _cpu_llmppo()
         assert ppo.turn_ratio_pooling == "sum"
 
+    def test_init_clone_requires_pretrained_like_actor(self):
+        with pytest.raises(AssertionError, match="PeftModelProtocol"):
+            LLMPPO(model_name="tiny", actor_network=object(), pad_token_id=99, pad_token="<pad>", clone=True,
+                  wrap=False, gradient_checkpointing=False)
+
     def test_init_whiten_advantages_must_be_boolean(self):
         with pytest.raises(TypeError, match="whiten_advantages must be a boolean"):
             _ppo(whiten_advantages="yes")

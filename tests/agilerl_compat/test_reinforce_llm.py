@@ -73,6 +73,11 @@ class TestREINFORCEInit:
     def test_init_default_turn_ratio_pooling_is_sum(self):
         assert _cpu_llmreinforce().turn_ratio_pooling == "sum"
 
+    def test_init_clone_requires_pretrained_like_actor(self):
+        with pytest.raises(AssertionError, match="PeftModelProtocol"):
+            REINFORCE(model_name="tiny", actor_network=object(), pad_token_id=99, pad_token="<pad>", clone=True,
+                  wrap=False, gradient_checkpointing=False)
+
     @pytest.mark.xfail(strict=True, reason=GRANULARITY_NAME)
     def test_init_action_granularity_deprecated_warns_and_overrides(self):
         with pytest.warns(DeprecationWarning, match="action_granularity is deprecated"):

@@ -48,8 +48,8 @@ def test_agilerl_max_steps_meaning_is_warned_or_followed(tiny, arithmetic_env):
         assert resolve_max_steps(100, None, None, 4, 2, 64, agilerl_style=True) == 100
     assert resolve_max_steps(100, None, "prompts", 4, 2, 64, agilerl_style=True) == 13
     assert resolve_max_steps(None, 2, None, 4, 2, 64, agilerl_style=True) == 32  # 2 epochs of 64 rows / 4
-    with pytest.raises(ValueError, match="max_steps or num_epochs, not both"):
-        resolve_max_steps(10, 1, None, 4, 2, 64, agilerl_style=False)
+    with pytest.warns(UserWarning, match="num_epochs=1 and max_steps=10 both given: num_epochs is used"):
+        assert resolve_max_steps(10, 1, None, 4, 2, 64, agilerl_style=False) == 16  # AgileRL: num_epochs wins
     with pytest.raises(ValueError, match="max_steps_unit='tokens'"):
         resolve_max_steps(10, None, "tokens", 4, 2, 64, agilerl_style=False)
 
@@ -59,8 +59,10 @@ def test_agilerl_only_keywords_are_checked(tiny, arithmetic_env):
 
     model, tok = tiny
     pop = make_grpo(model, tok)
-    with pytest.raises(ValueError, match="wb=True"):
-        finetune_llm_reasoning(pop, arithmetic_env, max_steps=1, wb=True)
+    with pytest.raises(ValueError, match="exactly one of 'env' or 'env_fn'"):
+        finetune_llm_reasoning(pop, arithmetic_env, max_steps=1, env_fn=lambda: arithmetic_env)
+    with pytest.raises(ValueError, match="Either 'env' or 'env_fn' must be provided"):
+        finetune_llm_reasoning(pop, max_steps=1)
     with pytest.raises(TypeError, match="unexpected keyword"):
         finetune_llm_reasoning(pop, arithmetic_env, max_steps=1, checkpoint_every_typo=3)
     with pytest.raises(ValueError, match="tournament= or selection_strategy="):
@@ -69,14 +71,15 @@ def test_agilerl_only_keywords_are_checked(tiny, arithmetic_env):
                                selection_strategy=TournamentSelection(1))
 
 
-def test_mutations_accept_agilerl_signature_and_reject_network_mutations():
+def test_mutations_accept_agilerl_signature_and_network_kinds_act_as_agilerl_does_for_llms():
     from evollm import Mutations
 
     m = Mutations(no_mutation=0.4, architecture=0, new_layer_prob=0, parameters=0, activation=0, rl_hp=0.6,
                   mutation_sd=0.1, rand_seed=1, device="cuda")
     assert (m.no_mutation, m.rl_hp) == pytest.approx((0.4, 0.6))
-    with pytest.raises(ValueError, match="Mutations\\(architecture=0.2\\).*set architecture=0"):
-        Mutations(no_mutation=0.4, architecture=0.2, rl_hp=0.4)
+    with pytest.warns(UserWarning, match="network mutations .* cannot apply to LoRA adapters"):
+        m = Mutations(no_mutation=0.4, architecture=0.2, rl_hp=0.4)
+    assert m.network["architecture"] == pytest.approx(0.2) and m.no_mutation == pytest.approx(0.4)
     with pytest.raises(TypeError, match="unknown keyword\\(s\\) \\['rl_hpp'\\]"):
         Mutations(rl_hpp=0.5)
 

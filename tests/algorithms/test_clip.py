@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from evollm import functional as F
-from evollm.algorithms import ppo_fused
+from evollm.algorithms import ppo_update
 from evollm.algorithms.grpo import GRPOConfig
 from evollm.algorithms.ppo import LLMPPOConfig
 from evollm.algorithms.reinforce import LLMREINFORCEConfig
@@ -66,8 +66,8 @@ def test_value_clip_is_its_own_field_and_the_policy_clip_never_moves_it(monkeypa
     agent.set_hyperparameter("clip_coef", 0.05)
     assert agent.config.clip_range() != (0.2, 0.2) and agent.config.value_clip == 0.2
     seen = []
-    value_loss = ppo_fused.F.value_loss
-    monkeypatch.setattr(ppo_fused.F, "value_loss", lambda *a, **k: seen.append(k["clip"]) or value_loss(*a, **k))
+    value_loss = ppo_update.F.value_loss
+    monkeypatch.setattr(ppo_update.F, "value_loss", lambda *a, **k: seen.append(k["clip"]) or value_loss(*a, **k))
     agent.learn(episodes())
     assert seen and set(seen) == {0.2}
     agent.set_hyperparameter("value_clip", 0.7)

@@ -6,7 +6,7 @@ import pytest
 import torch
 from peft import PeftModel
 
-import evollm.algorithms.ppo_fused as fused
+import evollm.algorithms.ppo_update as fused
 from evollm.adapters.shared import default_lora_config
 from evollm.algorithms.ippo import IPPOConfig, IPPOTeam
 from evollm.algorithms.ippo_rollout import evaluate_teams, play_teams
@@ -182,7 +182,7 @@ def test_team_clone_is_independent(rollout_team):
     team.learn(exp)  # optimizer moments exist
     team.fitness.append(0.5)
     twin = team.clone(index=99)
-    assert twin.index == 99 and twin.fitness == [0.5] and twin.fitness is not team.fitness
+    assert twin.index == 99 and twin.fitness == [] and twin.parent_index == team.index  # a clone is not evaluated yet
     assert {a.index for a in twin.agents}.isdisjoint({a.index for a in team.agents})
     for a, b in zip(team.agents, twin.agents):
         sa, sb = a.optimizer.state_dict()["state"], b.optimizer.state_dict()["state"]

@@ -64,14 +64,14 @@ def _all_params(agent):
 
 @pytest.mark.parametrize("algo, members, kw", [
     ("ppo", 1, dict(ent_coef=0.01, beta=0.1)),  # LLMPPO.learn: actor, critic, old and reference forwards
-    ("ppo_fused", 2, dict(ent_coef=0.01, beta=0.1)),  # ppo_update: routed actors and critics
+    ("ppo_two_members", 2, dict(ent_coef=0.01, beta=0.1)),  # ppo_update: routed actors and critics
     ("reinforce", 1, dict(beta=0.1)),
 ])
 def test_ppo_and_reinforce_with_shared_prompts_equal_plain(monkeypatch, algo, members, kw):
     from test_ppo_reinforce import LLMPPO, LLMREINFORCE, PAD, TOK
 
     from evollm.adapters.shared import default_lora_config
-    from evollm.algorithms.ppo_fused import ppo_update
+    from evollm.algorithms.ppo_update import ppo_update
     from evollm.models.tiny import build_tiny_model
 
     exps = [grouped_experiences(seed=i) for i in range(members)]
@@ -87,7 +87,7 @@ def test_ppo_and_reinforce_with_shared_prompts_equal_plain(monkeypatch, algo, me
             for group in a.optimizer.param_groups:
                 group["eps"] = 1.0  # Adam ~ SGD: a step is linear in the gradient (not its sign)
         _perturb(agents)
-        metrics = ppo_update(agents, exps) if algo == "ppo_fused" else [agents[0].learn(exps[0])]
+        metrics = ppo_update(agents, exps) if algo == "ppo_two_members" else [agents[0].learn(exps[0])]
         assert all(m["shared_prompt"] == (1.0 if threshold == 0 else 0.0) for m in metrics)
         out.append(([_all_params(a) for a in agents], metrics))
     (shared, m_s), (plain, m_p) = out

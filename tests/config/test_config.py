@@ -140,7 +140,8 @@ BAD_CONFIGS = [
     ({}, ["train.max_steps=abc"], "train.max_steps must be an integer, got 'abc'"),
     ({}, ["train.max_steps=2.5"], "train.max_steps must be an integer, got 2.5"),
     ({}, ["train.max_steps=0"], "train.max_steps must be >= 1"),
-    ({}, ["train.evaluation_interval=5", "train.evo_steps=7"], "train.evo_steps=7 must be a multiple"),
+    ({}, ["train.evaluation_interval=5", "train.evo_steps=7", "hpo.selection.fitness=last"],
+     "train.evo_steps=7 must be a multiple"),
     ({}, ["train.keep_checkpoints=0"], "train.keep_checkpoints must be >= 1"),
     ({}, ["train.checkpoint_every=-1"], "train.checkpoint_every must be >= 0"),
     ({}, ["train.max_steps"], "--set 'train.max_steps' must look like section.key=value"),
@@ -184,7 +185,15 @@ BAD_CONFIGS = [
     ({**EVO, "hpo": {"selection": {"type": "truncation", "elitism": False}}}, [],
      "hpo.selection.elitism has no effect when hpo.selection.type='truncation'"),
     ({**EVO, "hpo": {"selection": {"type": "truncation", "quantile": 0.9}}}, [], "hpo.selection: quantile must be in (0, 0.5]"),
-    ({"algorithm": {"name": "GRPO", "init_sampler": "qmc"}}, [], "algorithm.init_sampler has no effect when hpo.hp_config={}"),
+    ({"algorithm": {"name": "GRPO", "init_sampler": "qmc"}}, [], "algorithm.init_sampler has no effect when algorithm.population_size=1"),
+    ({**EVO, "hpo": {"narrowing": {"at": [0.5, 0.25]}}}, [], "hpo.narrowing: Narrowing.at must be strictly increasing"),
+    ({**EVO, "hpo": {"narrowing": {"at": [0.5], "min_size": 1}}}, [], "hpo.narrowing.min_size=1 is below what hpo.selection needs"),
+    ({**EVO, "hpo": {"mutation": {"model_prob": 2}}}, [], "hpo.mutation: Mutations.model_prob must be in [0, 1]"),
+    ({**EVO, "hpo": {"mutation": {"model_sampler": "cma"}}}, [], "hpo.mutation.model_sampler='cma' is not valid"),
+    ({**EVO, "hpo": {"selection": {"fitness": "best"}}}, [], "hpo.selection.fitness='best' is not valid"),
+    ({}, ["train.max_time_clock=cpu"], "train.max_time_clock has no effect"),
+    ({}, ["train.max_time=10", "train.max_time_clock=gpu"], "train.max_time_clock='gpu' is not valid"),
+    ({**EVO, "hpo": {"hp_config": {"loss_type": {}}}}, [], "hpo.hp_config.loss_type: no default range for 'loss_type'"),
     ({**EVO, "algorithm": {"name": "GRPO", "population_size": 2, "init_sampler": "sobol"},
       "hpo": {"hp_config": {"lr": {"min": 1e-5, "max": 1e-3}}}}, [], "algorithm.init_sampler='sobol' is not valid"),
 ]
@@ -244,3 +253,48 @@ def test_resume_accepts_the_budget_intervals_and_logging_only():
 def test_a_misspelt_evolvable_name_is_named_before_its_range_is_checked():
     with pytest.raises(ConfigError, match="hpo.hp_config.clip_coeff: GRPO cannot evolve it; did you mean 'clip_coef'"):
         load({"train": EVO["train"]}, ["hpo.hp_config.clip_coeff.min=0.1"])
+
+
+def test_default_search_space_and_named_default_ranges():
+    from evollm.recipes.builders import build_hpo, build_narrowing
+
+    cfg = load(EVO)  # two members, no hp_config: the LoRA learning-rate range
+    hp, mutation, selection = build_hpo(cfg)
+    assert hp.names() == ("lr",) and (hp["lr"].min, hp["lr"].max, hp["lr"].log) == (1e-5, 1e-2, True)
+    assert build_narrowing(cfg) is None  # two members are already the smallest population
+    fixed = load({**EVO, "algorithm": {"name": "GRPO", "population_size": 2, "hyperparameters": {"lr": 1e-3}}})
+    assert fixed.hp_config() is None  # the user's lr is kept for every member
+    assert load({"algorithm": {"name": "GRPO"}}).hp_config() is None  # one member: nothing to search
+    named = load({**EVO, "hpo": {"hp_config": {"beta": {}, "lr": {"min": 1e-4, "max": 1e-3}}}}).hp_config()
+    assert (named["beta"].min, named["beta"].max) == (0.0, 0.05) and named["lr"].max == 1e-3
+    ppo = load({**GAME, **EVO, "algorithm": {"name": "LLMPPO", "population_size": 2}}).hp_config()
+    assert ppo.names() == ("lr_actor", "lr_critic")
+
+
+def test_budget_options_reach_the_objects():
+    from evollm.recipes.builders import build_hpo, build_narrowing
+
+    cfg = load({**copy.deepcopy(EVO), "algorithm": {"name": "GRPO", "population_size": 8},
+                "hpo": {"narrowing": {"at": [0.25, 0.5], "keep": 0.5},
+                        "selection": {"fitness": "train", "window": 5},
+                        "mutation": {"model_prob": 0.5, "model_sampler": "tpe"}}},
+               ["train.evaluation_interval=4", "train.evo_steps=2", "train.max_time=60", "train.max_time_clock=cpu"])
+    _, mutation, selection = build_hpo(cfg)
+    narrowing = build_narrowing(cfg)
+    assert narrowing.at == (0.25, 0.5) and narrowing.sizes(8) == [8, 4, 2]
+    assert selection.fitness == "train" and selection.window == 5
+    assert mutation.model_prob == 0.5 and mutation.model_sampler == "tpe"
+    assert cfg.train.max_time_clock == "cpu"
+
+
+def test_default_narrowing_applies_to_evolving_populations_only():
+    from evollm.recipes.builders import build_narrowing
+
+    eight = {"algorithm": {"name": "GRPO", "population_size": 8}}
+    narrowing = build_narrowing(load({**EVO, **eight}))
+    assert narrowing.at == (0.25, 0.5) and narrowing.sizes(8) == [8, 4, 2]
+    assert build_narrowing(load(eight)) is None  # no evolution: every member trains to the end
+    assert build_narrowing(load(eight, ["hpo.narrowing.at=[0.5]"])).sizes(8) == [8, 4]  # unless asked for
+    three = build_narrowing(load({**EVO, **eight, "hpo": {"selection": {"tournament_size": 3}}}))
+    assert three.min_size == 3 and three.sizes(8) == [8, 4, 3]
+    assert build_narrowing(load({**EVO, **eight, "hpo": {"narrowing": {"at": []}}})) is None

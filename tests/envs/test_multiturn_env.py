@@ -278,7 +278,7 @@ def test_an_interrupted_multiturn_run_resumes_exactly(tok, tmp_path):
         for role in a.ROLES:
             one, two = a.shared.state_dict(a.adapter_name(role)), b.shared.state_dict(b.adapter_name(role))
             assert one.keys() == two.keys() and all(torch.equal(one[k], two[k]) for k in one)
-        for p, q in zip(a._extra_parameters().get("value_head", []), b._extra_parameters().get("value_head", [])):
+        for p, q in zip(a.extra_parameters().get("value_head", []), b.extra_parameters().get("value_head", [])):
             assert torch.equal(p, q)
     assert record.report().equals(record2.report())
     assert record.metrics()["loss"].equals(record2.metrics()["loss"])  # the steps before the stop were restored

@@ -205,6 +205,8 @@ def test_mutate_elite_option():
     from evollm.training.loop import _evolve_once
 
     class Agent(FakeAgent):
+        quarantined = False  # what the loop reads of a member beyond the protocol (declared on Member)
+
         def get_hyperparameter(self, name):
             if name not in self.hps:
                 raise ValueError(name)

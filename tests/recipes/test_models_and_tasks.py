@@ -39,7 +39,11 @@ def test_load_model_from_folder_with_options(hf_folder):
 
 
 def test_gradient_checkpointing_gives_the_same_update(warm):
-    """Recomputing activations in backward must not change the step (also for fused members)."""
+    """Recomputing activations in backward must not change the step (also for fused members).
+
+    Compared as updates, relative to their size: Adam divides by sqrt(v), so a weight whose gradient is
+    ~1e-9 moves by up to lr on float noise alone (how much depends on the CPU's summation order);
+    a step that checkpointing really changed differs by a share of the whole update."""
     from evollm.recipes.warm_start import load_tiny_model
 
     results = []
@@ -49,14 +53,17 @@ def test_gradient_checkpointing_gives_the_same_update(warm):
             loading.enable_gradient_checkpointing(model)
         torch.manual_seed(0)
         pop = make_grpo(model, tok, n=2, lr=1e-2)
+        before = [p.detach().clone() for a in pop for p in a.shared.parameters(a.adapter_name())]
         ids = torch.randint(3, 20, (8, 12), generator=torch.Generator().manual_seed(1))
         masks = torch.zeros(8, 11, dtype=torch.long)
         masks[:, 6:] = 1
         rewards = torch.tensor([[1.0, 0, 0, 1], [0, 1, 1, 0]])
         type(pop[0]).learn_population(pop, [(ids, masks, rewards)] * 2)
-        results.append([p.detach().clone() for a in pop for p in a.shared.parameters(a.adapter_name())])
-    for a, b in zip(*results):
-        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-5)
+        after = [p.detach().clone() for a in pop for p in a.shared.parameters(a.adapter_name())]
+        results.append([x - y for x, y in zip(after, before)])
+    assert sum(float(u.norm()) for u in results[0]) > 0
+    for plain, recomputed in zip(*results):
+        assert (plain - recomputed).norm() <= 1e-3 * plain.norm() + 1e-7, float((plain - recomputed).norm())
 
 
 def test_lora_config_names_and_fallback_for_other_architectures():

@@ -76,6 +76,34 @@ def test_shared_prompt_equals_plain_forward(arch, config):
                 torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
 
 
+@pytest.mark.parametrize("arch", ["qwen3", "mistral"])
+def test_other_supported_architectures(arch):
+    from transformers import MistralConfig, MistralForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(0)
+    common = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=64, pad_token_id=PAD, eos_token_id=EOS)
+    model = (Qwen3ForCausalLM(Qwen3Config(**common)) if arch == "qwen3"
+             else MistralForCausalLM(MistralConfig(**common, sliding_window=None)))
+    members = members_for(model, [lora(4)])
+    seqs, attn, mask = groups()
+    (lp_s, g_s), (lp_p, g_p) = _both(members, seqs, attn, mask, True)
+    torch.testing.assert_close(lp_s[mask.bool()], lp_p[mask.bool()], atol=1e-5, rtol=1e-5)
+    for a, b in zip(g_s, g_p):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+
+
+def test_sliding_window_models_take_the_plain_forward():
+    from transformers import MistralConfig, MistralForCausalLM
+
+    from evollm.rollout.prefix import shared_prompt_support
+
+    model = MistralForCausalLM(MistralConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                             num_attention_heads=4, num_key_value_heads=2, sliding_window=16))
+    assert shared_prompt_support(model) == "sliding-window attention"
+    assert shared_prompt_support(tiny_base("qwen2")) is None  # sliding_window set but use_sliding_window off
+
+
 def test_reference_shares_prompts_across_members():
     members = members_for(tiny_base(), [lora(4), lora(4)])
     seqs, attn, mask = groups()

@@ -212,3 +212,184 @@ def test_a_failing_reward_is_one_line_with_the_sample_the_checkpoint_and_the_res
     assert "ZeroDivisionError" in line if kind == "raises" else "not a finite number" in line
     assert f"last checkpoint {out / 'checkpoints' / 'step_1'}" in line and f"evollm resume {out}" in line
     assert "--debug" in line and steps(out) == [1]
+
+
+# ----------------------------------------------------------------------------- tampered or foreign state
+def _rewrite_manifest(folder):
+    from evollm.utils.atomic import write_manifest
+
+    write_manifest(folder, json.loads((folder / "manifest.json").read_text())["kind"])
+
+
+@pytest.fixture
+def trained_run(tmp_path_factory, capsys):
+    tmp = tmp_path_factory.mktemp("trained")
+    cfg, out = config(tmp)
+    assert cli(capsys, "train", cfg)[0] == 0
+    return out
+
+
+def _tamper_and_resume(trained_run, capsys, tamper):
+    import shutil
+
+    out = trained_run.parent / f"copy_{tamper.__name__}"
+    shutil.copytree(trained_run, out)
+    step = out / "checkpoints" / "step_2"
+    tamper(step / "member_0")
+    _rewrite_manifest(step)
+    shutil.rmtree(out / "checkpoints" / "step_1")  # nothing older to fall back on
+    code, io = cli(capsys, "resume", out, "--set", "train.max_steps=3")
+    return code, one_line(io.err)
+
+
+def test_a_huge_rank_in_agent_json_is_refused_before_anything_is_allocated(trained_run, capsys):
+    def huge_rank(member):
+        info = json.loads((member / "agent.json").read_text())
+        (member / "agent.json").write_text(json.dumps({**info, "lora_rank": 1000000}))
+
+    code, line = _tamper_and_resume(trained_run, capsys, huge_rank)
+    assert code == 2 and "lora_rank 1000000 in agent.json disagrees with its actor adapter" in line
+
+
+def test_a_safetensors_header_bomb_is_one_line(trained_run, capsys):
+    def bomb(member):
+        target = member / "optimizer.safetensors"
+        target.write_bytes((2 ** 62).to_bytes(8, "little") + target.read_bytes()[8:])
+
+    code, line = _tamper_and_resume(trained_run, capsys, bomb)
+    assert code == 2 and "optimizer.safetensors: the safetensors header claims 4611686018427387904 bytes" in line
+
+
+def test_an_optimizer_lr_that_disagrees_with_the_members_config_is_refused(trained_run, capsys):
+    def lr(member):
+        meta = json.loads((member / "optimizer.json").read_text())
+        meta["param_groups"][0]["lr"] = 1e30
+        (member / "optimizer.json").write_text(json.dumps(meta))
+
+    code, line = _tamper_and_resume(trained_run, capsys, lr)
+    assert code == 2 and "optimizer.json gives param group 'actor' lr 1e+30, but the member's hyperparameters " \
+                          "give 0.003" in line
+
+
+def test_an_adapter_saved_on_another_base_is_refused(tmp_path):
+    from conftest import make_grpo
+
+    from evollm.recipes.warm_start import load_tiny_model
+    from evollm.utils.atomic import CheckpointError
+
+    one, tok = load_tiny_model(warm_start=False, seed=0)
+    other, _ = load_tiny_model(warm_start=False, seed=1)  # same shapes, other weights
+    make_grpo(one, tok)[0].save_checkpoint(tmp_path / "best")
+    with pytest.raises(CheckpointError, match="trained on a different base model: the base weights differ"):
+        make_grpo(other, tok)[0].load_checkpoint(tmp_path / "best")
+    make_grpo(one, tok)[0].load_checkpoint(tmp_path / "best")  # its own base loads it
+
+
+# ----------------------------------------------------------------------------- stop signals
+def test_a_stop_signal_abandons_a_step_still_running_after_stop_grace(tmp_path, tiny):
+    import threading
+
+    from conftest import make_grpo
+
+    from evollm.envs.reasoning import ReasoningGym
+    from evollm.run import RunInterrupted
+    from evollm.tasks import ARITHMETIC_TEMPLATE, arithmetic_dataset
+    from evollm.training import Callback
+    from evollm.training.loop import finetune_llm_reasoning
+
+    hang = threading.Event()
+
+    def reward(completion, answer, question):
+        if hang.is_set():
+            time.sleep(3600)  # a reward that never returns
+        return 0.0
+
+    class Term(Callback):
+        def on_step_end(self, state, metrics):
+            if state.step == 2:
+                hang.set()
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    model, tok = tiny
+    train, test = arithmetic_dataset(n_train=16, n_test=4, digits=(1, 1), seed=0)
+    env = ReasoningGym(train, test, tok, reward, ARITHMETIC_TEMPLATE, data_batch_size_per_gpu=2)
+    started = time.monotonic()
+    with pytest.raises(RunInterrupted) as info:
+        finetune_llm_reasoning(make_grpo(model, tok, n=2, group_size=2, batch_size=4), env, max_steps=4,
+                               evaluation_interval=2, verbose=False, checkpoint_dir=tmp_path / "c",
+                               checkpoint_every=1, callbacks=[Term()], stop_grace=0.5)
+    assert info.value.abandoned and info.value.step == 1 and info.value.checkpoint == tmp_path / "c" / "step_1"
+    assert time.monotonic() - started < 600  # not the reward's hour
+    assert [s for s, _ in list_checkpoints(tmp_path / "c")] == [1]
+    verify(tmp_path / "c" / "step_1", "population")
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL and not (tmp_path / "c" / ".lock").exists()
+
+
+# ----------------------------------------------------------------------------- kills, corruption, full disk
+KILL_IN_WRITE = """import os, sys
+import evollm.utils.atomic as atomic
+real, saves = atomic.write_manifest, [0]
+def dying(folder, kind, extra=None):
+    if kind == "population":
+        saves[0] += 1
+        if saves[0] == 2:
+            os._exit(9)  # killed inside the second checkpoint write: every file written, no manifest yet
+    return real(folder, kind, extra)
+atomic.write_manifest = dying
+from evollm.recipes.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_kill_inside_a_checkpoint_write_resumes_from_the_previous_checkpoint(tmp_path, capsys):
+    cfg, out = config(tmp_path, steps=3)
+    (tmp_path / "killer.py").write_text(KILL_IN_WRITE)
+    proc = launch(str(tmp_path / "killer.py"), "train", str(cfg), "--quiet")
+    assert proc.wait(timeout=600) == 9, proc.stderr.read()
+    assert steps(out) == [1] and [p.name for p in (out / "checkpoints").glob(".tmp-step_2-*")]
+    assert (out / ".lock").exists()  # left by the killed process
+    code, io = cli(capsys, "resume", out)
+    assert code == 0 and "taking over the lock" in io.out and f"resumed from {out / 'checkpoints' / 'step_1'}" in io.out
+    assert steps(out) == [2, 3] and not list((out / "checkpoints").glob(".tmp-*"))
+
+
+def test_a_corrupted_newest_checkpoint_is_skipped_naming_the_file(tmp_path, capsys):
+    cfg, out = config(tmp_path)
+    assert cli(capsys, "train", cfg)[0] == 0
+    target = out / "checkpoints" / "step_2" / "member_1" / "optimizer.safetensors"
+    target.write_bytes(target.read_bytes()[:-100])
+    code, io = cli(capsys, "resume", out, "--set", "train.max_steps=3")
+    assert code == 0 and "skipping step_2" in io.out and "member_1/optimizer.safetensors does not match" in io.out
+    assert f"resumed from {out / 'checkpoints' / 'step_1'}" in io.out and steps(out) == [2, 3]
+
+
+def test_a_full_disk_stops_with_one_line_and_keeps_the_last_checkpoint(tmp_path, capsys):
+    import resource
+
+    cfg, out = config(tmp_path)
+    assert cli(capsys, "train", cfg)[0] == 0
+    limit = 150_000  # bytes per file: the run's small files fit, a member's optimizer state does not
+
+    def small_disk():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    proc = launch("-m", "evollm", "resume", str(out), "--set", "train.max_steps=4", "--quiet", preexec_fn=small_disk)
+    err = proc.communicate(timeout=600)[1]
+    assert proc.returncode == 2, err
+    assert one_line(err) and "File too large" in one_line(err)
+    assert steps(out) == [1, 2] and not list((out / "checkpoints").glob(".tmp-*"))
+    verify(out / "checkpoints" / "step_2", "population")
+    assert cli(capsys, "resume", out, "--set", "train.max_steps=3")[0] == 0  # with room again it goes on
+
+
+def test_a_reward_that_hangs_stops_the_run_after_reward_timeout(tmp_path, capsys, monkeypatch):
+    cfg, out = config(tmp_path, steps=3, reward="hangs:score")
+    cfg.write_text(cfg.read_text().replace("reward: hangs:score", "reward: hangs:score, reward_timeout: 0.5"))
+    (tmp_path / "hangs.py").write_text(f"import os, time\n\ndef score(completion, answer, question):\n"
+                                       f"    if os.path.isdir({str(out / 'checkpoints' / 'step_1')!r}):\n"
+                                       "        time.sleep(3600)\n    return 0.0\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    code, io = cli(capsys, "train", cfg)
+    line = one_line(io.err)
+    assert code == 2 and "raised TimeoutError: no result within reward_timeout=0.5 s on sample" in line
+    assert f"last checkpoint {out / 'checkpoints' / 'step_1'}" in line and steps(out) == [1]

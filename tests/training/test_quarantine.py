@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from conftest import make_grpo
-from evollm.training.quarantine import DivergenceLimits, check_members, nonfinite_reason, trainable_parameters
+from evollm.training.quarantine import DivergenceLimits, check_members, nonfinite_reason
 
 
 @pytest.fixture
@@ -18,7 +18,7 @@ def member(tiny):
 
 def _set_weight(agent, value):
     with torch.no_grad():
-        trainable_parameters(agent)[0].view(-1)[0] = value
+        agent.trainable_parameters()[0].view(-1)[0] = value
 
 
 def test_healthy_member_passes(member):

@@ -1,0 +1,71 @@
+"""Default search ranges: what a population evolves when the user names a model and a task and nothing else.
+
+The ranges are for LoRA members. A LoRA adapter's best learning rate is about ten times that of full
+fine-tuning (the adapter starts at zero and its ``B`` matrix sees a small fraction of the gradient), so
+the default learning-rate range spans 1e-5 .. 1e-2 on a log scale: three decades that hold the best
+value for the LoRA ranks and models evollm targets (full fine-tuning's 1e-6 .. 1e-4, times ten, with a
+decade of margin above).
+
+:data:`DEFAULT_RANGES` gives a sensible range to every hyperparameter a user may evolve by name only
+(``hpo.hp_config: {beta: {}}`` in YAML); :data:`DEFAULT_EVOLVED` lists the ones evolved when no
+``hp_config`` is given at all: only the learning rates. Why only those:
+
+* the learning rate is the setting whose best value moves most between models and tasks (decades);
+* ``beta > 0`` adds a reference forward to every step (about a third more compute), and the current
+  default of the GRPO family is ``beta = 0`` (DAPO, Dr. GRPO, TRL);
+* the clip range only binds on the second and later minibatches of a step, and a small population
+  covers one dimension far better than four (with ``perturb="one"`` each extra name halves how often
+  the learning rate moves).
+"""
+from __future__ import annotations
+
+from typing import Iterable
+
+from evollm.hpo.parameters import HyperparameterConfig, RLParameter
+
+#: LoRA learning rates: log-uniform over 1e-5 .. 1e-2 (full fine-tuning's best, times ten, +- a decade)
+LORA_LR = dict(min=1e-5, max=1e-2, log=True)
+
+#: A sensible range for every hyperparameter that may be named without one.
+DEFAULT_RANGES: dict[str, dict] = {
+    "lr": LORA_LR, "lr_actor": LORA_LR, "lr_critic": LORA_LR,
+    "actor_learning_rate": LORA_LR, "critic_learning_rate": LORA_LR,
+    "beta": dict(min=0.0, max=0.05),            # KL coefficient; 0 is the GRPO family's default
+    "clip_coef": dict(min=0.1, max=0.3),        # PPO's 0.2 +- 0.1
+    "clip_low": dict(min=0.1, max=0.3),
+    "clip_high": dict(min=0.1, max=0.4),        # DAPO's clip-higher 0.28 inside
+    "temperature": dict(min=0.7, max=1.2),
+    "max_grad_norm": dict(min=0.1, max=10.0, log=True),
+    "ent_coef": dict(min=0.0, max=0.02),
+    "entropy_coef": dict(min=0.0, max=0.02),
+    "vf_coef": dict(min=0.25, max=1.0),
+    "value_loss_coef": dict(min=0.25, max=1.0),
+    "gae_lambda": dict(min=0.9, max=1.0),
+    "lora_rank": dict(min=4, max=32, dtype=int),
+}
+
+#: What a population evolves when no hp_config is given: the learning rates of the algorithm (PPO:
+#: actor and critic; ``lr`` is then an alias of ``lr_actor`` and left out).
+DEFAULT_EVOLVED: tuple[str, ...] = ("lr_actor", "lr_critic", "actor_learning_rate", "critic_learning_rate", "lr")
+
+
+def default_range(name: str) -> RLParameter:
+    """The default :class:`RLParameter` of ``name`` (one line error for a name without one)."""
+    if name not in DEFAULT_RANGES:
+        raise ValueError(f"no default range for hyperparameter {name!r}; give min and max "
+                         f"(names with a default: {sorted(DEFAULT_RANGES)})")
+    return RLParameter(**DEFAULT_RANGES[name])
+
+
+def default_hp_config(evolvable: Iterable[str], fixed: Iterable[str] = ()) -> HyperparameterConfig | None:
+    """The default search space of an agent that can evolve ``evolvable`` (e.g. ``GRPO.MUTABLE``):
+    its learning rates (:data:`DEFAULT_EVOLVED`) with their LoRA range, except the names in ``fixed``
+    (values the user set: they are kept for every member). ``None`` when nothing is left."""
+    evolvable, fixed = set(evolvable), set(fixed)
+    names = [n for n in DEFAULT_EVOLVED if n in evolvable]
+    if "lr_actor" in names and "lr" in names:  # PPO: lr is an alias of lr_actor
+        names.remove("lr")
+    if "lr" in fixed:  # the alias fixes the actor's rate too
+        fixed.add("lr_actor")
+    names = [n for n in names if n not in fixed]
+    return HyperparameterConfig(**{n: default_range(n) for n in names}) if names else None

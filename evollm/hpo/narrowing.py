@@ -1,0 +1,109 @@
+"""A population that narrows as its budget is spent: successive halving into population-based training.
+
+On one shared base a step costs about what its rows cost, so a population of 8 spends 8x a single
+run's compute per step. :class:`Narrowing` drops the worst members at fixed fractions of the budget
+(``at``), keeping ``keep`` of them each time (never fewer than ``min_size``), so that the later, longer
+part of the run trains only the best members, and each of their steps is cheaper. Between the
+milestones the population evolves as usual (selection, mutation).
+
+The budget is the run's step budget (``max_steps``) and, when the run has one, its time budget
+(``max_time``, on the loop's clock): the fraction spent is the larger of the two. The training loop
+drives the schedule (:meth:`Narrowing.observe`, :meth:`Narrowing.due`, :meth:`Narrowing.narrow`); the
+dropped members are released (their adapters and optimizer state freed on the shared base).
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Optional, Sequence
+
+
+def narrowed_size(size: int, keep: float, min_size: int) -> int:
+    """Members left after one narrowing of ``size``: ``ceil(keep * size)``, at least ``min_size``
+    (and never more than ``size``). E.g. 8 -> 4 -> 2 with ``keep=0.5``."""
+    return min(size, max(min_size, int(math.ceil(keep * size - 1e-9))))
+
+
+def budget_fraction(step: int, max_steps: int, elapsed: Optional[float] = None,
+                    max_time: Optional[float] = None) -> float:
+    """Share of the budget spent: the larger of ``step / max_steps`` and ``elapsed / max_time``."""
+    fraction = step / max_steps
+    if max_time is not None and elapsed is not None:
+        fraction = max(fraction, elapsed / max_time)
+    return fraction
+
+
+class Narrowing:
+    """Drop the worst members at fixed fractions of the budget.
+
+    Args:
+        at: fractions of the budget (strictly increasing, in ``(0, 1)``) at which the population
+            narrows; default ``(0.25, 0.5)``: a population of 8 trains as 8 for the first quarter of
+            the budget, as 4 for the second, and as 2 for the last half.
+        keep: share of the members kept at each milestone (rounded up), in ``(0, 1)``.
+        min_size: never narrow below this many members (at least 1).
+
+    A milestone is acted on at the first step that has a fresh ranking (an evaluation, or any step
+    when the selection ranks on training rewards) at or after it. Several milestones crossed at once
+    narrow several times. The state (milestones passed, budget time spent) is saved with run
+    checkpoints, so a resumed run narrows where the original would have.
+    """
+
+    def __init__(self, at: Sequence[float] = (0.25, 0.5), keep: float = 0.5, min_size: int = 2) -> None:
+        at = [float(a) for a in at]
+        if not at:
+            raise ValueError("Narrowing.at must name at least one fraction of the budget")
+        if any(not 0.0 < a < 1.0 for a in at) or any(b <= a for a, b in zip(at, at[1:])):
+            raise ValueError(f"Narrowing.at must be strictly increasing fractions in (0, 1), got {at}")
+        if not 0.0 < keep < 1.0:
+            raise ValueError(f"Narrowing.keep must be in (0, 1), got {keep!r}")
+        if int(min_size) < 1:
+            raise ValueError(f"Narrowing.min_size must be >= 1, got {min_size!r}")
+        self.at = tuple(at)
+        self.keep = float(keep)
+        self.min_size = int(min_size)
+        self.passed = 0  # milestones acted on
+        self.elapsed_s = 0.0  # budget-clock seconds spent before this process started (resume)
+
+    def due(self, fraction: float) -> int:
+        """How many milestones not yet acted on ``fraction`` has reached."""
+        return sum(1 for a in self.at[self.passed:] if fraction >= a - 1e-12)
+
+    def target(self, size: int, milestones: int) -> int:
+        """Population size after acting on ``milestones`` milestones from ``size``."""
+        for _ in range(milestones):
+            size = narrowed_size(size, self.keep, self.min_size)
+        return size
+
+    def sizes(self, size: int) -> list[int]:
+        """The population size in each stage of the schedule, from ``size`` (e.g. ``[8, 4, 2]``)."""
+        out = [size]
+        for _ in self.at:
+            out.append(narrowed_size(out[-1], self.keep, self.min_size))
+        return out
+
+    def narrow(self, population: Sequence[Any], score: Callable[[Any], float],
+               milestones: int) -> tuple[list, list]:
+        """``(kept, dropped)`` after acting on ``milestones`` milestones: members ranked by ``score``
+        (higher is better; NaN last; ties to the lower id), the best :meth:`target` kept in their
+        original order. Marks the milestones as passed."""
+        population = list(population)
+        size = self.target(len(population), milestones)
+        self.passed = min(len(self.at), self.passed + milestones)
+
+        def key(agent):
+            s = float(score(agent))
+            return (-(s if not math.isnan(s) else -math.inf), int(agent.index))
+
+        best = {id(a) for a in sorted(population, key=key)[:size]}
+        return [a for a in population if id(a) in best], [a for a in population if id(a) not in best]
+
+    def state_dict(self) -> dict:
+        """Milestones passed and budget seconds spent (JSON)."""
+        return {"passed": self.passed, "elapsed_s": self.elapsed_s}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.passed = int(state["passed"])
+        self.elapsed_s = float(state.get("elapsed_s", 0.0))
+
+    def __repr__(self) -> str:
+        return f"Narrowing(at={list(self.at)}, keep={self.keep}, min_size={self.min_size})"

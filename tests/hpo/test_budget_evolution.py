@@ -1,0 +1,199 @@
+"""Narrowing schedule, fitness from training rewards, selection signal-to-noise, model-based explore and
+the default search ranges, on stand-in agents (no model)."""
+
+import math
+
+import numpy as np
+import pytest
+
+from evollm.hpo import (DEFAULT_RANGES, HyperparameterConfig, Mutations, Narrowing, RLParameter,
+                        TournamentSelection, default_hp_config, selection_signal)
+from evollm.hpo.narrowing import budget_fraction, narrowed_size
+from evollm.rollout.population import mean_stderr
+
+
+class Stub:
+    """The parts of a member the engine reads and writes."""
+
+    def __init__(self, index, fitness=(), scores=(), hp_config=None, parent_index=None, **hps):
+        self.index, self.fitness, self.scores = index, list(fitness), list(scores)
+        self.hp_config, self.parent_index, self.hps = hp_config, parent_index, dict(hps)
+        self.lora_rank, self.last_mutation, self.released = 8, None, False
+
+    def get_hyperparameter(self, name):
+        return self.hps[name]
+
+    def set_hyperparameter(self, name, value):
+        self.hps[name] = value
+
+    def mutable_hyperparameters(self):
+        return tuple(self.hps)
+
+    def clone(self, index=None):
+        return Stub(index, hp_config=self.hp_config, parent_index=self.index, **self.hps)
+
+    def run_mutation_hooks(self):
+        pass
+
+
+# ----------------------------------------------------------------------------- narrowing
+def test_narrowed_sizes_halve_down_to_the_minimum():
+    assert [narrowed_size(n, 0.5, 2) for n in (8, 5, 4, 3, 2)] == [4, 3, 2, 2, 2]
+    assert Narrowing(at=(0.25, 0.5)).sizes(8) == [8, 4, 2]
+    assert Narrowing(at=(0.2, 0.4, 0.6), keep=0.5, min_size=1).sizes(8) == [8, 4, 2, 1]
+
+
+def test_budget_fraction_is_the_larger_of_steps_and_time():
+    assert budget_fraction(10, 40) == 0.25
+    assert budget_fraction(10, 40, elapsed=30.0, max_time=60.0) == 0.5
+    assert budget_fraction(30, 40, elapsed=30.0, max_time=60.0) == 0.75
+
+
+def test_narrowing_keeps_the_best_in_order_and_counts_milestones():
+    n = Narrowing(at=(0.25, 0.5), keep=0.5, min_size=2)
+    pop = [Stub(i) for i in range(8)]
+    score = {0: 0.1, 1: 0.9, 2: math.nan, 3: 0.5, 4: 0.5, 5: 0.2, 6: 0.8, 7: 0.3}
+    assert n.due(0.2) == 0 and n.due(0.25) == 1 and n.due(0.6) == 2
+    kept, dropped = n.narrow(pop, lambda a: score[a.index], n.due(0.3))
+    # best four: 1 (0.9), 6 (0.8), 3 and 4 (0.5; tie kept by both); kept in population order
+    assert [a.index for a in kept] == [1, 3, 4, 6]
+    assert [a.index for a in dropped] == [0, 2, 5, 7]
+    assert n.passed == 1 and n.due(0.3) == 0 and n.due(0.5) == 1
+    kept2, _ = n.narrow(kept, lambda a: score[a.index], 1)
+    assert [a.index for a in kept2] == [1, 6]
+    state = n.state_dict()
+    other = Narrowing(at=(0.25, 0.5))
+    other.load_state_dict(state)
+    assert other.passed == 2 and other.due(0.99) == 0
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"at": ()}, "at least one"), ({"at": (0.5, 0.25)}, "strictly increasing"), ({"at": (1.0,)}, "in \\(0, 1\\)"),
+    ({"keep": 1.0}, "keep must be in"), ({"min_size": 0}, "min_size must be >= 1")])
+def test_narrowing_rejects_bad_settings(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        Narrowing(**kwargs)
+
+
+# ----------------------------------------------------------------------------- fitness and its noise
+def test_train_fitness_ranks_on_the_running_mean_of_recent_training_rewards():
+    sel = TournamentSelection(2, population_size=2, fitness="train", window=3, rand_seed=0)
+    a = Stub(0, fitness=[0.9], scores=[0.0, 0.1, 0.2, 0.3])   # held-out says a; training rewards say b
+    b = Stub(1, fitness=[0.1], scores=[0.9, 0.4, 0.5, 0.6])
+    assert sel.score(a) == pytest.approx(0.2) and sel.score(b) == pytest.approx(0.5)
+    # standard error of the window's mean: std(ddof=1) / sqrt(3) = 0.1 / sqrt(3)
+    assert sel.stderr(a) == pytest.approx(0.1 / math.sqrt(3))
+    result = sel.select([a, b])
+    assert result.best_index == 1 and result.elite is b
+    stale = Stub(2, scores=[0.9, 0.9, math.nan])  # did not train at its last step (quarantined)
+    assert sel.score(stale) == -math.inf
+    assert TournamentSelection(2, fitness="train").window == 10
+
+
+def test_stderr_of_evaluation_fitness_follows_the_mode():
+    last = TournamentSelection(2, fitness="last")
+    mean = TournamentSelection(2, fitness="mean", window=2)
+    agent = Stub(0, fitness=[0.4, 0.5, 0.6])
+    assert last.stderr(agent, [0.3, 0.04, 0.03]) == pytest.approx(0.03)
+    assert mean.stderr(agent, [0.3, 0.04, 0.03]) == pytest.approx(0.05 / 2)  # sqrt(.04^2 + .03^2) / 2
+    assert math.isnan(last.stderr(agent, []))
+
+
+def test_selection_signal_by_hand():
+    # scores 0.2, 0.4, 0.6: spread 0.2; standard errors 0.1, 0.1, 0.1 -> snr 2
+    out = selection_signal([0.2, 0.4, 0.6, -math.inf], [0.1, 0.1, 0.1, math.nan])
+    assert out["spread"] == pytest.approx(0.2) and out["stderr"] == pytest.approx(0.1)
+    assert out["snr"] == pytest.approx(2.0)
+    assert math.isnan(selection_signal([0.5], [0.1])["snr"])
+
+
+def test_mean_stderr_matches_numpy():
+    x = np.array([1.0, 0.0, 1.0, 1.0, 0.0])
+    assert mean_stderr(x.sum(), (x * x).sum(), len(x)) == pytest.approx(x.std(ddof=1) / math.sqrt(len(x)))
+    assert math.isnan(mean_stderr(1.0, 1.0, 1))
+
+
+def test_selection_state_keeps_the_narrowed_size():
+    sel = TournamentSelection(2, population_size=8, rand_seed=0)
+    sel.resize(4)
+    other = TournamentSelection(2, population_size=8, rand_seed=0)
+    other.load_state_dict(sel.state_dict())
+    assert other.population_size == 4 and sel.min_population == 2
+
+
+# ----------------------------------------------------------------------------- model-based explore
+def _space():
+    return HyperparameterConfig(lr=RLParameter(1e-5, 1e-2, log=True), beta=RLParameter(0.0, 0.05))
+
+
+@pytest.mark.parametrize("sampler", ["gp", "tpe"])
+def test_model_explore_proposes_values_in_range_that_reach_the_member(sampler):
+    hp = _space()
+    mut = Mutations(no_mutation=0.0, rl_hp=1.0, model_prob=1.0, model_sampler=sampler, rand_seed=0)
+    rng = np.random.default_rng(1)
+    pop = [Stub(i, hp_config=hp, lr=float(lr), beta=0.01) for i, lr in enumerate(np.logspace(-5, -2, 6))]
+    mut.observe(pop, {a.index: 0.0 for a in pop})  # baselines only
+    assert mut.observations == []
+    # improvement peaks at lr = 1e-3
+    mut.observe(pop, {a.index: -abs(math.log10(a.hps["lr"]) + 3) + rng.normal(0, 0.01) for a in pop})
+    assert len(mut.observations) == 6
+    clone = pop[0].clone(index=10)
+    before = dict(clone.hps)
+    record = mut.mutate_agent(clone)
+    assert record.kind == "rl_hp" and record.explored
+    for name, param in hp.items():
+        assert param.min <= clone.hps[name] <= param.max
+    assert clone.hps != before and clone.last_mutation is record
+    # a clone's observation is measured against its parent's score at the previous selection
+    parent_score = -abs(math.log10(pop[0].hps["lr"]) + 3)  # -2, plus noise
+    mut.observe([clone], {10: 0.5})
+    assert mut.observations[-1]["member"] == 10
+    assert mut.observations[-1]["improvement"] == pytest.approx(0.5 - parent_score, abs=0.05)
+
+
+def test_model_explore_is_reproducible_from_its_state():
+    hp = _space()
+    pop = [Stub(i, hp_config=hp, lr=float(lr), beta=0.02) for i, lr in enumerate((1e-4, 1e-3, 5e-3))]
+    a = Mutations(no_mutation=0.0, rl_hp=1.0, model_prob=1.0, rand_seed=3)
+    a.observe(pop, {0: 0.1, 1: 0.2, 2: 0.3})
+    a.observe(pop, {0: 0.2, 1: 0.5, 2: 0.1})
+    b = Mutations(no_mutation=0.0, rl_hp=1.0, model_prob=1.0, rand_seed=99)
+    b.load_state_dict(a.state_dict())
+    x, y = pop[1].clone(index=7), pop[1].clone(index=8)
+    a.mutate_agent(x)
+    b.mutate_agent(y)
+    assert x.hps == y.hps
+
+
+def test_without_model_prob_nothing_is_observed_and_draws_are_unchanged():
+    hp = _space()
+    plain, with_off = Mutations(rand_seed=5), Mutations(rand_seed=5, model_prob=0.0)
+    with_off.observe([Stub(0, hp_config=hp, lr=1e-3, beta=0.0)], {0: 1.0})
+    assert with_off.observations == []
+    x, y = Stub(0, hp_config=hp, lr=1e-3, beta=0.01), Stub(1, hp_config=hp, lr=1e-3, beta=0.01)
+    plain.mutate_agent(x)
+    with_off.mutate_agent(y)
+    assert x.hps == y.hps
+
+
+@pytest.mark.parametrize("kwargs, message", [({"model_prob": 1.5}, "model_prob"),
+                                             ({"model_sampler": "cma"}, "model_sampler"),
+                                             ({"model_history": 1}, "model_history")])
+def test_model_explore_rejects_bad_settings(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        Mutations(**kwargs)
+
+
+# ----------------------------------------------------------------------------- default ranges
+def test_default_search_space_is_the_lora_learning_rate():
+    from evollm.algorithms.grpo import GRPO
+    from evollm.algorithms.ppo import LLMPPO
+
+    hp = default_hp_config(GRPO.MUTABLE)
+    assert hp.names() == ("lr",)
+    assert (hp["lr"].min, hp["lr"].max, hp["lr"].log) == (1e-5, 1e-2, True)
+    assert default_hp_config(LLMPPO.MUTABLE).names() == ("lr_actor", "lr_critic")
+    assert default_hp_config(LLMPPO.MUTABLE, fixed={"lr"}).names() == ("lr_critic",)
+    assert default_hp_config(GRPO.MUTABLE, fixed={"lr"}) is None
+    for name, spec in DEFAULT_RANGES.items():
+        RLParameter(**spec)  # every default range is a valid parameter

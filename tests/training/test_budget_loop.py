@@ -1,0 +1,122 @@
+"""A population that earns its compute, in the loop: narrowing as the budget is spent (released members,
+exact resume, the record), ranking on training rewards, the selection's signal-to-noise, model-based explore."""
+
+import math
+
+import pytest
+import torch
+from conftest import make_grpo
+
+from evollm.hpo import HyperparameterConfig, Mutations, Narrowing, RLParameter, TournamentSelection
+from evollm.run import list_checkpoints
+from evollm.training import Callback
+from evollm.training.loop import finetune_llm_reasoning
+
+
+def _env(tok, digits=(1, 1)):
+    from evollm.envs.reasoning import ReasoningGym
+    from evollm.tasks import ARITHMETIC_TEMPLATE, arithmetic_dataset, exact_match_reward
+
+    train, test = arithmetic_dataset(n_train=64, n_test=8, digits=digits, seed=0)
+    return ReasoningGym(train, test, tok, exact_match_reward, ARITHMETIC_TEMPLATE, data_batch_size_per_gpu=4)
+
+
+def _run(ckpt=None, resume=False, callbacks=(), n=4, max_steps=6, narrowing=None, fitness="last", mutation=None,
+         evaluation_interval=2, evo_steps=2, cache_dir=None):
+    from evollm.recipes.warm_start import load_tiny_model
+
+    torch.manual_seed(0)
+    model, tok = load_tiny_model(warm_start=cache_dir is not None, cache_dir=cache_dir, seed=0)
+    hp = HyperparameterConfig(lr=RLParameter(min=1e-4, max=1e-2, log=True))
+    pop = make_grpo(model, tok, n=n, hp_config=hp)
+    return finetune_llm_reasoning(
+        pop, _env(tok, (1, 2) if cache_dir else (1, 1)), max_steps=max_steps, evaluation_interval=evaluation_interval, evo_steps=evo_steps,
+        verbose=False, seed=0,
+        tournament=TournamentSelection(2, True, n, fitness=fitness, rand_seed=0) if evo_steps else None,
+        mutation=(mutation or Mutations(no_mutation=0.0, rl_hp=1.0, rand_seed=0)) if evo_steps else None,
+        narrowing=narrowing,
+        callbacks=callbacks, checkpoint_dir=ckpt, checkpoint_every=1 if ckpt else None, keep_checkpoints=2,
+        resume=resume)
+
+
+class StopAt(Callback):
+    def __init__(self, step):
+        self.step = step
+
+    def on_step_complete(self, state):
+        if state.step == self.step:
+            raise KeyboardInterrupt
+
+
+def test_narrowing_releases_the_worst_members_and_records_them():
+    agents, record = _run(narrowing=Narrowing(at=(0.3,), keep=0.5, min_size=2))
+    assert len(agents) == 2
+    sel = record.selections()
+    narrow = sel[sel["kind"] == "narrowing"]
+    assert len(narrow) == 1
+    row = narrow.iloc[0]
+    # 0.3 of 6 steps is reached at step 2, the first evaluation at or after it
+    assert (row["step"], row["size_before"], row["size_after"]) == (2, 4, 2)
+    dropped = [int(i) for i in row["dropped"].split()]
+    assert len(dropped) == 2 and row["budget_fraction"] == pytest.approx(2 / 6)
+    scores = dict(map(lambda kv: (int(kv.split(":")[0]), float(kv.split(":")[1])), row["scores"].split()))
+    kept = [int(i) for i in row["kept"].split()]
+    assert min(scores[k] for k in kept) >= max(scores[d] for d in dropped)
+    shared = agents[0].shared
+    for index in dropped:  # released: adapters gone from the shared base
+        assert not shared.has_adapter(shared.member_adapter(index))
+    report = record.report()
+    assert (report[report["step"] > 2].groupby("step").size() == 2).all()  # two members evaluated from then on
+    assert set(report[report["step"] > 2]["member"]).isdisjoint(dropped)
+    later = sel[(sel["kind"] == "selection") & (sel["step"] > 2)]
+    assert (later["size_before"] == 2).all()  # selection goes on over the narrowed population
+
+
+def test_resume_of_a_narrowing_run_is_exact(tmp_path):
+    narrowing = lambda: Narrowing(at=(0.3, 0.6), keep=0.5, min_size=2)  # noqa: E731
+    agents, record = _run(narrowing=narrowing(), n=4, ckpt=tmp_path / "a")
+    for stop in (1, 3):  # before and after the narrowing
+        folder = tmp_path / f"b{stop}"
+        with pytest.raises(KeyboardInterrupt):
+            _run(folder, narrowing=narrowing(), callbacks=[StopAt(stop)])
+        assert list_checkpoints(folder)[-1][0] == stop
+        again, record2 = _run(folder, resume=True, narrowing=narrowing())
+        assert [a.index for a in agents] == [a.index for a in again]
+        assert record.report().equals(record2.report())
+        assert record.lineage().equals(record2.lineage())
+        assert record.selections().equals(record2.selections())
+        for a, b in zip(agents, again):
+            for (k, v), (k2, v2) in zip(a.shared.state_dict(a.adapter_name()).items(),
+                                        b.shared.state_dict(b.adapter_name()).items()):
+                assert k == k2 and torch.equal(v, v2)
+
+
+def test_ranking_on_training_rewards_needs_no_fresh_evaluation_and_reports_its_noise(cache_dir):
+    agents, record = _run(n=3, fitness="train", evaluation_interval=5, evo_steps=3, max_steps=7,
+                          cache_dir=cache_dir)  # warm-started: rewards vary
+    sel = record.selections()
+    assert list(sel["step"]) == [3, 6] and (sel["source"] == "train").all()
+    assert (sel["stderr"] > 0).all() and sel["spread"].notna().all()
+    assert sel["snr"].equals(sel["spread"] / sel["stderr"])
+    report = record.report()
+    assert "fitness_se" in report.columns and (report["fitness_se"] >= 0).all()
+
+
+def test_evaluation_fitness_carries_its_standard_error(cache_dir):
+    agents, record = _run(n=2, max_steps=2, evo_steps=None, cache_dir=cache_dir)
+    report = record.report()
+    for _, row in report.iterrows():  # binary rewards on 8 prompts: sqrt(p (1 - p) / 7 * 8 / 8)
+        p = row["fitness"]
+        assert row["fitness_se"] == pytest.approx(math.sqrt(p * (1 - p) * 8 / 7 / 8), abs=1e-6)
+
+
+def test_model_based_explore_reaches_the_members():
+    mut = Mutations(no_mutation=0.0, rl_hp=1.0, model_prob=1.0, model_sampler="tpe", rand_seed=0)
+    agents, record = _run(n=3, mutation=mut, max_steps=6)
+    assert len(mut.observations) >= 3  # one per member from the second selection on
+    lineage = record.lineage()
+    clones = lineage[lineage["parent"].notna()]
+    assert (clones["mutation"] == "lr").all() and len(clones) == 4
+    assert ((clones["new_value"] >= 1e-4) & (clones["new_value"] <= 1e-2)).all()
+    for agent in agents:
+        assert agent.optimizer.param_groups[0]["lr"] == agent.config.lr
