@@ -203,8 +203,15 @@ def budget_kwargs(cfg, budget: float) -> dict:
 
     from evollm.recipes import builders
     from evollm.training.loop import evolve
+    try:  # the loop's options live in LoopSettings (or, in older versions, in evolve's signature)
+        import dataclasses
+
+        from evollm.training.settings import LoopSettings
+        names = {f.name for f in dataclasses.fields(LoopSettings)}
+    except ImportError:
+        names = set(inspect.signature(evolve).parameters)
     out = {}
-    if "max_time_clock" in inspect.signature(evolve).parameters:
+    if "max_time_clock" in names:
         out.update(max_time=budget, max_time_clock="cpu")
     if hasattr(builders, "build_narrowing"):
         out["narrowing"] = builders.build_narrowing(cfg)
