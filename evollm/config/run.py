@@ -24,15 +24,14 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from evollm.config.hpo import HPOSection, check_ranges
 from evollm.config.schema import (
-    ConfigError, Section, apply_override, check_no_effect, coerce, did_you_mean, option,
-    read_yaml, resolve_paths, unknown_key_error,
+    ConfigError, Section, apply_override, check_no_effect, coerce, did_you_mean, init_hints, name_field,
+    option, read_yaml, resolve_paths, unknown_key_error,
 )
 
 ALGORITHMS = {
@@ -289,7 +288,7 @@ class AlgorithmSection(Section):
         if self.population_size < 1:
             raise ConfigError(f"algorithm.population_size must be >= 1, got {self.population_size}")
         config_cls = algorithm_class(self.name).config_cls
-        hints = _hints(config_cls)
+        hints = init_hints(config_cls)
         for key, value in list(self.hyperparameters.items()):
             if key not in hints:
                 raise ConfigError(f"algorithm.hyperparameters.{key}: unknown hyperparameter of {self.name} "
@@ -310,20 +309,6 @@ class AlgorithmSection(Section):
             return build_config(config_cls, None, hps)
         except (TypeError, ValueError) as e:
             raise ConfigError(name_field("algorithm.hyperparameters", str(e), config_cls)) from e
-
-
-def name_field(prefix: str, message: str, config_cls) -> str:
-    """``prefix.field ...`` when ``message`` starts with a field of ``config_cls``, else ``prefix: message``."""
-    head = re.match(r"(\w+)", message)
-    if head and head.group(1) in _hints(config_cls):
-        return f"{prefix}.{message}"
-    return f"{prefix}: {message}"
-
-
-def _hints(cls) -> dict[str, Any]:
-    import typing
-    hints = typing.get_type_hints(cls)
-    return {f.name: hints[f.name] for f in dataclasses.fields(cls) if f.init}
 
 
 @dataclass

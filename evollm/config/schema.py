@@ -25,6 +25,7 @@ import copy
 import dataclasses
 import difflib
 import math
+import re
 import types
 import typing
 from collections.abc import Mapping
@@ -145,6 +146,20 @@ class Section:
             elif self.given(name):
                 out[name] = to_plain(value)
         return out
+
+
+def name_field(prefix: str, message: str, config_cls) -> str:
+    """``prefix.field ...`` when ``message`` starts with a field of ``config_cls``, else ``prefix: message``."""
+    head = re.match(r"(\w+)", message)
+    if head and head.group(1) in init_hints(config_cls):
+        return f"{prefix}.{message}"
+    return f"{prefix}: {message}"
+
+
+def init_hints(cls) -> dict[str, Any]:
+    """Type hints of the fields a dataclass takes in ``__init__``."""
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls) if f.init}
 
 
 def field_names(cls) -> list[str]:
