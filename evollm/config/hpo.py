@@ -113,11 +113,15 @@ class SelectionSection(Section):
 class NarrowingSection(Section):
     """A population that narrows as the budget is spent (see :class:`evollm.hpo.narrowing.Narrowing`)."""
 
-    at: list[float] = option([0.25, 0.5], "Fractions of the budget (train.max_steps, and train.max_time when set) at "
-                             "which the worst members are released (default: 8 members train as 8 for the first "
-                             "quarter, as 4 for the second, as 2 for the last half); [] keeps the population whole.")
+    at: list[float] = option([0.1, 0.2, 0.35], "Fractions of the budget (train.max_steps, and train.max_time when set) "
+                             "at which the worst members are released (default: 8 members train as 8 for the first "
+                             "10% of the budget, as 4 until 20%, as 2 until 35%, and the best one alone for the last "
+                             "65%, so that it gets ~3/4 of a single run's steps; benchmarks/README.md, HPO section); "
+                             "[] keeps the population whole.")
     keep: float = option(0.5, "Share of the members kept at each of `at` (rounded up).")
-    min_size: int = option(2, "Never narrow below this many members.")
+    min_size: int = option(1, "Never narrow below this many members. Below the selection's size (a tournament's "
+                           "members) selection and mutation stop and the members left train on; 2 keeps evolving "
+                           "to the end.")
 
     def build(self):
         """The :class:`~evollm.hpo.narrowing.Narrowing`, or ``None`` when ``at`` is empty."""
@@ -131,13 +135,6 @@ class NarrowingSection(Section):
 
     def finalize(self) -> None:
         self.build()
-
-    def check(self, selection) -> None:
-        """A min_size set below what ``selection`` needs is an error (the default one is raised to it)."""
-        narrowing = self.build()
-        if narrowing is not None and self.given("min_size") and narrowing.min_size < selection.min_population:
-            raise ConfigError(f"hpo.narrowing.min_size={narrowing.min_size} is below what hpo.selection needs "
-                              f"({selection.min_population} members); raise it")
 
 
 @dataclass

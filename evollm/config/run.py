@@ -481,7 +481,7 @@ class RunConfig(Section):
         check_ranges(self.hp_config(), self.algorithm.agent_config(self.seed))
         if self.train.evo_steps is not None:
             self.hpo.mutation.build(self.seed)
-            self.hpo.narrowing.check(self.hpo.selection.build(self.algorithm.population_size, self.seed))
+            self.hpo.selection.build(self.algorithm.population_size, self.seed)
 
     def hp_config(self):
         """The search space (:meth:`HPOSection.search_space`); ``None`` when nothing evolves."""

@@ -37,10 +37,12 @@ class Narrowing:
 
     Args:
         at: fractions of the budget (strictly increasing, in ``(0, 1)``) at which the population
-            narrows; default ``(0.25, 0.5)``: a population of 8 trains as 8 for the first quarter of
-            the budget, as 4 for the second, and as 2 for the last half.
+            narrows; default ``(0.1, 0.2, 0.35)``: a population of 8 trains as 8 for the first tenth of
+            the budget, as 4 until a fifth, as 2 until 35 %, and its best member trains alone for
+            the last 65 % (about three quarters of a single run's steps go to the member returned).
         keep: share of the members kept at each milestone (rounded up), in ``(0, 1)``.
-        min_size: never narrow below this many members (at least 1).
+        min_size: never narrow below this many members (at least 1; default 1). Once fewer members
+            are left than the selection needs, selection and mutation stop and the rest train on.
 
     A milestone is acted on at the first step that has a fresh ranking (an evaluation, or any step
     when the selection ranks on training rewards) at or after it. Several milestones crossed at once
@@ -48,7 +50,7 @@ class Narrowing:
     checkpoints, so a resumed run narrows where the original would have.
     """
 
-    def __init__(self, at: Sequence[float] = (0.25, 0.5), keep: float = 0.5, min_size: int = 2) -> None:
+    def __init__(self, at: Sequence[float] = (0.1, 0.2, 0.35), keep: float = 0.5, min_size: int = 1) -> None:
         at = [float(a) for a in at]
         if not at:
             raise ValueError("Narrowing.at must name at least one fraction of the budget")

@@ -48,9 +48,6 @@ def build_narrowing(cfg: RunConfig):
     narrowing = cfg.hpo.narrowing.build()
     if narrowing is None or (cfg.train.evo_steps is None and not cfg.hpo.given("narrowing")):
         return None
-    if cfg.train.evo_steps is not None:
-        need = cfg.hpo.selection.build(cfg.algorithm.population_size, cfg.seed).min_population
-        narrowing.min_size = max(narrowing.min_size, need)
     return narrowing if cfg.algorithm.population_size > narrowing.min_size else None
 
 

@@ -140,7 +140,8 @@ def evolve(pop: Sequence, train_step: Callable[[list, int], dict[int, dict]],
                     dist.agree(dist.population_digest(agents), f"the population after narrowing at step {done}")
                     state.agents = agents
                     call(callbacks, "on_selection", state, narrowed)
-        if evo_steps is not None and done % evo_steps == 0 and done < max_steps:
+        if evo_steps is not None and done % evo_steps == 0 and done < max_steps \
+                and len(agents) >= getattr(tournament, "min_population", 2):  # narrowed below it: train on
             dist.sync_rng(tournament, mutation)  # one source of randomness: process 0's
             if save_elite and zero.active():
                 zero.snapshot_members(agents)  # process 0 writes the elite: gather its optimizer state on all

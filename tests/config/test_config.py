@@ -187,7 +187,6 @@ BAD_CONFIGS = [
     ({**EVO, "hpo": {"selection": {"type": "truncation", "quantile": 0.9}}}, [], "hpo.selection: quantile must be in (0, 0.5]"),
     ({"algorithm": {"name": "GRPO", "init_sampler": "qmc"}}, [], "algorithm.init_sampler has no effect when algorithm.population_size=1"),
     ({**EVO, "hpo": {"narrowing": {"at": [0.5, 0.25]}}}, [], "hpo.narrowing: Narrowing.at must be strictly increasing"),
-    ({**EVO, "hpo": {"narrowing": {"at": [0.5], "min_size": 1}}}, [], "hpo.narrowing.min_size=1 is below what hpo.selection needs"),
     ({**EVO, "hpo": {"mutation": {"model_prob": 2}}}, [], "hpo.mutation: Mutations.model_prob must be in [0, 1]"),
     ({**EVO, "hpo": {"mutation": {"model_sampler": "cma"}}}, [], "hpo.mutation.model_sampler='cma' is not valid"),
     ({**EVO, "hpo": {"selection": {"fitness": "best"}}}, [], "hpo.selection.fitness='best' is not valid"),
@@ -261,7 +260,7 @@ def test_default_search_space_and_named_default_ranges():
     cfg = load(EVO)  # two members, no hp_config: the LoRA learning-rate range
     hp, mutation, selection = build_hpo(cfg)
     assert hp.names() == ("lr",) and (hp["lr"].min, hp["lr"].max, hp["lr"].log) == (1e-5, 1e-2, True)
-    assert build_narrowing(cfg) is None  # two members are already the smallest population
+    assert build_narrowing(cfg).sizes(2) == [2, 1, 1, 1]  # the better of two trains alone from 10% of the budget
     fixed = load({**EVO, "algorithm": {"name": "GRPO", "population_size": 2, "hyperparameters": {"lr": 1e-3}}})
     assert fixed.hp_config() is None  # the user's lr is kept for every member
     assert load({"algorithm": {"name": "GRPO"}}).hp_config() is None  # one member: nothing to search
@@ -292,9 +291,9 @@ def test_default_narrowing_applies_to_evolving_populations_only():
 
     eight = {"algorithm": {"name": "GRPO", "population_size": 8}}
     narrowing = build_narrowing(load({**EVO, **eight}))
-    assert narrowing.at == (0.25, 0.5) and narrowing.sizes(8) == [8, 4, 2]
+    assert narrowing.at == (0.1, 0.2, 0.35) and narrowing.sizes(8) == [8, 4, 2, 1]
     assert build_narrowing(load(eight)) is None  # no evolution: every member trains to the end
     assert build_narrowing(load(eight, ["hpo.narrowing.at=[0.5]"])).sizes(8) == [8, 4]  # unless asked for
-    three = build_narrowing(load({**EVO, **eight, "hpo": {"selection": {"tournament_size": 3}}}))
-    assert three.min_size == 3 and three.sizes(8) == [8, 4, 3]
+    two = build_narrowing(load({**EVO, **eight, "hpo": {"narrowing": {"min_size": 2}}}))
+    assert two.sizes(8) == [8, 4, 2, 2]  # keeps evolving to the end
     assert build_narrowing(load({**EVO, **eight, "hpo": {"narrowing": {"at": []}}})) is None

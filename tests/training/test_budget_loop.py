@@ -72,6 +72,20 @@ def test_narrowing_releases_the_worst_members_and_records_them():
     assert (later["size_before"] == 2).all()  # selection goes on over the narrowed population
 
 
+def test_narrowing_to_one_member_ends_evolution_and_the_survivor_trains_on():
+    agents, record = _run(narrowing=Narrowing(at=(0.2, 0.4), keep=0.5, min_size=1), max_steps=8)
+    assert len(agents) == 1  # 4 -> 2 -> 1, below the tournament's 2 members
+    sel = record.selections()
+    narrow = sel[sel["kind"] == "narrowing"]
+    assert list(narrow["size_after"]) == [2, 1]
+    last_narrowing = int(narrow["step"].max())
+    assert not (sel[(sel["kind"] == "selection")]["step"] > last_narrowing).any()  # no selection of one member
+    report = record.report()
+    survivor = agents[0].index
+    steps = sorted(report[report["member"] == survivor]["step"])
+    assert steps[-1] == 8 and set(report[report["step"] > last_narrowing]["member"]) == {survivor}
+
+
 def test_resume_of_a_narrowing_run_is_exact(tmp_path):
     narrowing = lambda: Narrowing(at=(0.3, 0.6), keep=0.5, min_size=2)  # noqa: E731
     agents, record = _run(narrowing=narrowing(), n=4, ckpt=tmp_path / "a")
