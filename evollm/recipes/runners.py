@@ -42,16 +42,14 @@ def run_reasoning(cfg, members, tokenizer, settings: LoopSettings, selection, mu
                        max_context_length=cfg.env.max_context_length, eval_batch_size=cfg.env.eval_batch_size,
                        long_prompts=cfg.env.long_prompts, chat_template_kwargs=cfg.task.chat_template_kwargs,
                        reward_timeout=cfg.task.reward_timeout)
-    saved = Path(cfg.output_dir) / WARM_START
-    if settings.resume and saved.is_file():  # measured when the run started: not again on every resume
-        measured = json.loads(saved.read_text())
-        initial, se = float(measured["initial_fitness"]), measured.get("standard_error")
-    else:
+    def measure() -> dict:
         capture = _ScoreCapture(env)
         initial = evaluate_data_parallel(members[:1], capture, evaluate_population, record=False)[0]
-        se = capture.standard_error() if not dist.is_distributed() else None
-        if dist.is_main_process():
-            write_json(saved, {"initial_fitness": initial, "standard_error": se})
+        return {"initial_fitness": initial,
+                "standard_error": capture.standard_error() if not dist.is_distributed() else None}
+
+    measured = warm_start_once(cfg, settings, measure)
+    initial, se = float(measured["initial_fitness"]), measured.get("standard_error")
     if dist.is_main_process():
         noise = f" ± {se:.3f} (standard error)" if se is not None else ""
         print(f"warm start: held-out fitness {initial:.3f}{noise}, the mean reward of greedy answers to "
@@ -62,6 +60,18 @@ def run_reasoning(cfg, members, tokenizer, settings: LoopSettings, selection, mu
         rollout_backend=cfg.rollout_backend, vllm=cfg.vllm)
     final = max(a.fitness[-1] for a in agents)
     return {"agents": agents, "population": population, "initial_fitness": initial, "final_fitness": final}
+
+
+def warm_start_once(cfg, settings: LoopSettings, measure: Callable[[], dict]) -> dict:
+    """The warm start's scores: ``measure()`` when the run starts, kept in ``OUTPUT_DIR/warm_start.json``
+    and read back on every resume (the base does not change, so it is not evaluated again)."""
+    saved = Path(cfg.output_dir) / WARM_START
+    if settings.resume and saved.is_file():
+        return json.loads(saved.read_text())
+    values = measure()
+    if dist.is_main_process():
+        write_json(saved, values)
+    return values
 
 
 class _ScoreCapture:
@@ -115,11 +125,15 @@ def run_multiturn(cfg, members, tokenizer, settings: LoopSettings, selection, mu
     seed = settings.seed
     pool = EnvPool(factory)
     seeds = [EVAL_SEED_OFFSET + seed * 10**6 + i for i in range(eval_n)]  # the loop's own evaluation seeds
-    fit0, eps0 = evaluate_episodes(members[:1], pool, seeds, max_turns, record=False)
-    initial_success = success_rate(eps0[members[0].index])
+    def measure() -> dict:
+        fit, eps = evaluate_episodes(members[:1], pool, seeds, max_turns, record=False)
+        return {"initial_fitness": fit[0], "initial_success": success_rate(eps[members[0].index])}
+
+    measured = warm_start_once(cfg, settings, measure)
+    initial, initial_success = float(measured["initial_fitness"]), float(measured["initial_success"])
     if dist.is_main_process():
-        print(f"warm start: success {initial_success:.3f}, mean return {fit0[0]:.3f} on {eval_n} fixed greedy "
-              "episodes")
+        print(f"warm start: success {initial_success:.3f}, mean return {initial:.3f} on {eval_n} fixed greedy "
+              "episodes" + (" (measured when the run started)" if settings.resume else ""))
     successes: dict[int, float] = {}
 
     def log(step, agents, episodes):  # multi-process: equal shares of the seeds, so the mean of the rates
@@ -134,7 +148,7 @@ def run_multiturn(cfg, members, tokenizer, settings: LoopSettings, selection, mu
         members, max_turns, factory, settings, tournament=selection, mutation=mutation,
         episodes_per_step=cfg.train.episodes_per_step, eval_episodes=eval_n, on_evaluation=log, callbacks=callbacks)
     best = max(agents, key=lambda a: a.fitness[-1])
-    return {"agents": agents, "population": population, "initial_fitness": fit0[0],
+    return {"agents": agents, "population": population, "initial_fitness": initial,
             "final_fitness": best.fitness[-1], "initial_success": initial_success,
             "final_success": successes.get(best.index, math.nan)}
 
@@ -160,10 +174,15 @@ def run_team(cfg, teams, tokenizer, settings: LoopSettings, selection, mutation,
     initial_fitness, final_fitness, initial_success, final_success}`` (fitness = mean joint reward; success =
     fraction of episodes every agent got right)."""
     task = team_task_from_config(cfg.task, cfg.env, tokenizer, int(cfg.seed), teams)
-    fit0, succ0 = evaluate_teams(teams[:1], task, record=False)
+    def measure() -> dict:
+        fit, succ = evaluate_teams(teams[:1], task, record=False)
+        return {"initial_fitness": fit[0], "initial_success": succ[0]}
+
+    measured = warm_start_once(cfg, settings, measure)
+    initial, initial_success = float(measured["initial_fitness"]), float(measured["initial_success"])
     say = print if dist.is_main_process() else (lambda *a, **k: None)
-    say(f"warm start: joint reward {fit0[0]:.3f}, joint success {succ0[0]:.3f} on {len(task.eval_rows)} fixed "
-          "greedy episodes")
+    say(f"warm start: joint reward {initial:.3f}, joint success {initial_success:.3f} on {len(task.eval_rows)} "
+        "fixed greedy episodes" + (" (measured when the run started)" if settings.resume else ""))
     report = {}
 
     class _Success(Callback):
@@ -176,5 +195,5 @@ def run_team(cfg, teams, tokenizer, settings: LoopSettings, selection, mutation,
     agents, population = finetune_ippo(teams, task, settings, tournament=selection, mutation=mutation,
                                        callbacks=[_Success(), *callbacks])
     best = max(agents, key=lambda t: t.fitness[-1])
-    return {"agents": agents, "population": population, "initial_fitness": fit0[0], "final_fitness": best.fitness[-1],
-            "initial_success": succ0[0], "final_success": report.get(best.index, math.nan)}
+    return {"agents": agents, "population": population, "initial_fitness": initial, "final_fitness": best.fitness[-1],
+            "initial_success": initial_success, "final_success": report.get(best.index, math.nan)}
