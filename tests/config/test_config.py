@@ -259,7 +259,7 @@ def test_default_search_space_and_named_default_ranges():
 
     cfg = load(EVO)  # two members, no hp_config: the LoRA learning-rate range
     hp, mutation, selection = build_hpo(cfg)
-    assert hp.names() == ("lr",) and (hp["lr"].min, hp["lr"].max, hp["lr"].log) == (1e-5, 1e-2, True)
+    assert hp.names() == ("lr",) and (hp["lr"].min, hp["lr"].max, hp["lr"].log) == (1e-5, 1e-3, True)
     assert build_narrowing(cfg).sizes(2) == [2, 1, 1, 1]  # the better of two trains alone from 10% of the budget
     fixed = load({**EVO, "algorithm": {"name": "GRPO", "population_size": 2, "hyperparameters": {"lr": 1e-3}}})
     assert fixed.hp_config() is None  # the user's lr is kept for every member
