@@ -2,7 +2,7 @@
 
 The task is the demo's (warm-started tiny model, 1-2 digit addition, exact match, 8 prompts x group 8
 per step, batch 32, LoRA r=8) but WITHOUT the demo's tuned search space: every population variant
-evolves the library's default search space (LoRA learning rate, log-uniform 1e-5..1e-2, QMC founders),
+evolves the library's default search space (LoRA learning rate, log-uniform; 1e-5..1e-2 when measured, QMC founders),
 and the single run uses the library's default GRPO settings (lr 5e-5). Variants:
 
 * ``single``: one member at the library defaults (what a user gets with population_size 1);
