@@ -4,6 +4,8 @@ import warnings
 import pytest
 import torch
 
+from evollm.training import Callback
+
 torch.set_num_threads(1)  # the tiny models' ops are too small to gain from threads
 warnings.filterwarnings("ignore", category=UserWarning)
 
@@ -49,3 +51,14 @@ def make_grpo(model, tok, n=1, **kw):
     kw.setdefault("batch_size", 16)
     return GRPO.population(n, actor_network=model, pad_token_id=tok.pad_token_id, pad_token=tok.pad_token,
                            eos_token_id=tok.eos_token_id, **kw)
+
+
+class StopAt(Callback):
+    """Interrupts a run (as Ctrl-C does) once step ``step`` is complete."""
+
+    def __init__(self, step):
+        self.step = step
+
+    def on_step_complete(self, state):
+        if state.step == self.step:
+            raise KeyboardInterrupt

@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 import torch
-from conftest import make_grpo
+from conftest import StopAt, make_grpo
 
 from evollm.utils.atomic import CheckpointError, verify
 from evollm.run.population_checkpoint import load_population, save_population
@@ -43,15 +43,6 @@ def _run(ckpt, resume=False, callbacks=(), lrs=(3e-3, 3e-3, 3e-3), max_steps=6, 
         tournament=TournamentSelection(2, True, len(lrs), rand_seed=0), callbacks=callbacks,
         mutation=Mutations(no_mutation=0.0, rl_hp=1.0, rand_seed=0), checkpoint_dir=ckpt, checkpoint_every=1,
         keep_checkpoints=2, resume=resume)
-
-
-class StopAt(Callback):
-    def __init__(self, step):
-        self.step = step
-
-    def on_step_complete(self, state):
-        if state.step == self.step:
-            raise KeyboardInterrupt
 
 
 def _adapters(agents):

@@ -5,11 +5,10 @@ import math
 
 import pytest
 import torch
-from conftest import make_grpo
+from conftest import StopAt, make_grpo
 
 from evollm.hpo import HyperparameterConfig, Mutations, Narrowing, RLParameter, TournamentSelection
 from evollm.run import list_checkpoints
-from evollm.training import Callback
 from evollm.training.loop import finetune_llm_reasoning
 
 
@@ -37,15 +36,6 @@ def _run(ckpt=None, resume=False, callbacks=(), n=4, max_steps=6, narrowing=None
         narrowing=narrowing,
         callbacks=callbacks, checkpoint_dir=ckpt, checkpoint_every=1 if ckpt else None, keep_checkpoints=2,
         resume=resume)
-
-
-class StopAt(Callback):
-    def __init__(self, step):
-        self.step = step
-
-    def on_step_complete(self, state):
-        if state.step == self.step:
-            raise KeyboardInterrupt
 
 
 def test_narrowing_releases_the_worst_members_and_records_them():
