@@ -7,8 +7,9 @@
 * ``no_mutation`` -- the same population and selection, every mutation off (does mutation help?).
 * ``tpe`` / ``random`` -- Optuna TPE / random search over the same space: single-member trials of
   ``trial_steps`` steps one after another, each ranked by one validation evaluation at its end.
-* ``default`` -- one member at the library's defaults for the whole budget (no validation evaluations:
-  nothing to choose).
+* ``default`` -- one member at the library's defaults for the whole budget: what ``evollm train`` gives
+  for the task's config, held-out evaluations every ``train.evaluation_interval`` steps included (the
+  evollm arm pays for the same evaluations of each of its members).
 * ``grid:NAME=VALUE`` -- one member at a fixed learning rate (every learning rate of the space set to
   VALUE); the best point of the grid, chosen after the fact, is context, not a competitor.
 
@@ -249,7 +250,7 @@ def run_single(task, cfg, rec: Recorder, fixed: dict | None = None) -> dict:
                          + [f"algorithm.hyperparameters.{k}={v:.6e}" for k, v in (fixed or {}).items()])
     agent = members_of(cfg, task, None)[0]
     try:
-        task.train([agent], seed=cfg.seed, max_steps=FOREVER, evaluation_interval=FOREVER,
+        task.train([agent], seed=cfg.seed, max_steps=FOREVER, evaluation_interval=cfg.train.evaluation_interval,
                    callbacks=[rec.callback(lambda state: state.agents[0])])
     except OutOfBudget:
         pass

@@ -70,13 +70,15 @@ class Member:
     @classmethod
     def population(cls, size: int, actor_network: torch.nn.Module | None = None, hp_config=None,
                    init_hyperparameters=None, init_sampler: str | None = "qmc", fixed: dict | None = None,
-                   **kwargs) -> list:
+                   default_founder: bool = True, **kwargs) -> list:
         """``size`` members on ONE shared base (``cls(actor_network, hp_config=hp_config, **kwargs)`` each).
 
         With an ``hp_config`` the founders' hyperparameters are drawn from it with ``init_sampler``
         (``"qmc"``: scrambled Sobol, the default; ``"random"``, ``"tpe"``, an Optuna sampler, or
         ``None`` for identical founders), seeded with ``seed``; a value the caller passes as a keyword
-        (e.g. ``lr=1e-3``), or names in ``fixed``, is kept for every founder. ``init_hyperparameters``:
+        (e.g. ``lr=1e-3``), or names in ``fixed``, is kept for every founder. With ``default_founder``
+        (the default) the first member keeps the starting values instead of a draw: the population
+        always holds the run you would get without a search. ``init_hyperparameters``:
         an explicit list of per-member dicts instead (e.g. from
         :func:`evollm.hpo.initial_population_hyperparameters`)."""
         from ..hpo.founders import founder_hyperparameters
@@ -85,7 +87,8 @@ class Member:
         if size < 1:
             raise ValueError(f"population size must be >= 1, got {size}")
         init = founder_hyperparameters(size, hp_config, init_hyperparameters, init_sampler,
-                                       fixed=kwargs if fixed is None else fixed, seed=kwargs.get("seed", 0))
+                                       fixed=kwargs if fixed is None else fixed, seed=kwargs.get("seed", 0),
+                                       default_founder=default_founder)
         members = []
         for hps in init:
             member = cls(actor_network, hp_config=hp_config, **kwargs)

@@ -283,6 +283,10 @@ class AlgorithmSection(Section):
                                       "(scrambled-Sobol 'qmc' by default; null: identical founders). A value "
                                       "set in algorithm.hyperparameters is kept for every founder.",
                                       choices=("random", "qmc", "tpe"), when={"population_size": lambda n: n > 1})
+    default_founder: bool = option(True, "The first founder keeps the starting hyperparameters (those set here, else "
+                                   "the algorithm's defaults) instead of a draw: the population always holds the run "
+                                   "you would get without a search (benchmarks/README.md, HPO section).",
+                                   when={"population_size": lambda n: n > 1})
 
     def finalize(self) -> None:
         if self.population_size < 1:

@@ -8,14 +8,17 @@ from evollm.hpo.optuna_utils import initial_population_hyperparameters
 
 def founder_hyperparameters(size: int, hp_config=None, init_hyperparameters: Optional[Sequence[dict]] = None,
                             init_sampler: Any = "qmc", fixed: Optional[dict] = None,
-                            seed: Optional[int] = 0) -> list[dict[str, Any]]:
-    """One dict of hyperparameters per founder.
+                            seed: Optional[int] = 0, default_founder: bool = True) -> list[dict[str, Any]]:
+    """One dict of hyperparameters per founder (an empty dict: the member keeps its starting values).
 
     ``init_hyperparameters`` (one dict per founder) is used as given. Otherwise, with an
-    ``hp_config`` and a sampler, every founder draws each of the config's parameters with
+    ``hp_config`` and a sampler, founders draw each of the config's parameters with
     ``init_sampler`` (``"qmc"`` by default), except the names in ``fixed`` (values the user set
-    explicitly: they win and are the same for every founder). Without either, founders are
-    identical (empty dicts).
+    explicitly: they win and are the same for every founder). With ``default_founder`` (the
+    default) the first founder is not drawn: it keeps the starting values (the ones the user set,
+    else the algorithm's defaults), so the population always holds the run a user would get
+    without a search, and the others cover the space. Without an ``hp_config`` or a sampler,
+    founders are identical (empty dicts).
     """
     if init_hyperparameters is not None:
         if len(init_hyperparameters) != size:
@@ -23,6 +26,7 @@ def founder_hyperparameters(size: int, hp_config=None, init_hyperparameters: Opt
         return [dict(d) for d in init_hyperparameters]
     if hp_config is None or init_sampler is None or size < 2:
         return [{} for _ in range(size)]
-    draws = initial_population_hyperparameters(hp_config, size, sampler=init_sampler, seed=seed)
+    first = [{}] if default_founder else []
+    draws = initial_population_hyperparameters(hp_config, size - len(first), sampler=init_sampler, seed=seed)
     fixed = set(fixed or ())
-    return [{k: v for k, v in d.items() if k not in fixed} for d in draws]
+    return first + [{k: v for k, v in d.items() if k not in fixed} for d in draws]

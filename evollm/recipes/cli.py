@@ -31,6 +31,7 @@ def build_population(cfg, model, tokenizer, hp_config):
     # founders drawn from the hp_config (QMC unless algorithm.init_sampler says otherwise); a value
     # set in algorithm.hyperparameters is kept for every founder
     return cls.population(size, model, hp_config=hp_config, init_sampler=alg.init_sampler, fixed=alg.hyperparameters,
+                          default_founder=alg.default_founder,
                           pad_token_id=tokenizer.pad_token_id, pad_token=tokenizer.pad_token,
                           eos_token_id=tokenizer.eos_token_id, tokenizer=tokenizer, lora_config=lora, **hps)
 

@@ -10,6 +10,7 @@ import torch
 from conftest import make_grpo
 
 from evollm import functional as F
+from evollm.algorithms.grpo import GRPOConfig
 from evollm.hpo import HyperparameterConfig, Mutations, RLParameter, TournamentSelection, TruncationSelection
 
 # --- 1. every mutation changes the value ---------------------------------------------------------
@@ -158,12 +159,21 @@ HP = HyperparameterConfig(lr=RLParameter(1e-4, 5e-3, log=True), beta=RLParameter
 
 def test_founders_are_drawn_from_the_hp_config(tiny):
     model, tok = tiny
-    pop = make_grpo(model, tok, n=4, hp_config=HP)
+    pop = make_grpo(model, tok, n=4, hp_config=HP, default_founder=False)
     lrs = [a.lr for a in pop]
     assert len(set(lrs)) == 4 and all(1e-4 <= lr <= 5e-3 for lr in lrs)
     assert len({a.beta for a in pop}) == 4
-    fixed = make_grpo(model, tok, n=4, hp_config=HP, lr=1e-3)  # a user's value wins
+    fixed = make_grpo(model, tok, n=4, hp_config=HP, lr=1e-3, default_founder=False)  # a user's value wins
     assert {a.lr for a in fixed} == {1e-3} and len({a.beta for a in fixed}) == 4
+    # by default the first founder keeps the starting values (GRPOConfig's: lr 5e-5, beta 0, loss grpo),
+    # even outside the range, and the other three are drawn from it
+    pop = make_grpo(model, tok, n=4, hp_config=HP)
+    start = GRPOConfig()
+    assert (pop[0].lr, pop[0].beta, pop[0].loss_type) == (start.lr, start.beta, start.loss_type)
+    assert pop[0].optimizer.param_groups[0]["lr"] == start.lr
+    assert len({a.lr for a in pop[1:]}) == 3 and all(1e-4 <= a.lr <= 5e-3 for a in pop[1:])
+    mine = make_grpo(model, tok, n=3, hp_config=HP, beta=0.02)  # ... or the ones the user set
+    assert mine[0].beta == 0.02 and mine[0].lr == start.lr and len({a.lr for a in mine}) == 3
     same = make_grpo(model, tok, n=3, hp_config=HP, init_sampler=None)
     assert len({a.lr for a in same}) == 1
 

@@ -62,7 +62,10 @@ def test_arms_differ_as_documented(result):
     assert evo["population_size"] == frozen["population_size"] > 1
     assert frozen["mutation"]["no_mutation"] == 1.0 and frozen["mutation"]["rl_hp"] == 0.0
     assert len({f["lr"] for f in evo["founders"]}) == evo["population_size"]  # founders spread over the space
-    assert runs["default"]["fixed"] == {} and not runs["default"]["evaluations"]  # nothing to choose
+    assert runs["default"]["fixed"] == {}
+    # the single run evaluates as `evollm train` does (every train.evaluation_interval steps), like each member
+    assert all(len(e["members"]) == 1 for e in runs["default"]["evaluations"])
+    assert 1 <= len(runs["default"]["evaluations"]) <= runs["default"]["steps"]
     for arm in ("tpe", "random"):
         trials = runs[arm]["trials"]
         assert trials and all(1e-5 <= t["hyperparameters"]["lr"] <= 1e-2 for t in trials)
