@@ -65,6 +65,7 @@ class Member:
         self.mutation_hooks: list[Callable] = []
         self.last_mutation = None
         self.released = False
+        self.default_founder = False  # the founder that kept the starting values (see population)
         self.quarantined, self.quarantine_reason = False, None
 
     @classmethod
@@ -95,6 +96,9 @@ class Member:
             for name, value in hps.items():
                 member.set_hyperparameter(name, value)
             members.append(member)
+        # the member a selection's protect_default looks after: the first, when the others were drawn
+        members[0].default_founder = bool(default_founder and init_hyperparameters is None and hp_config is not None
+                                          and init_sampler is not None and size >= 2)
         return members
 
     @classmethod

@@ -96,11 +96,17 @@ class SelectionSection(Section):
     window: int | None = option(None, "Evaluations averaged with fitness: mean (default eval_loop), or steps "
                                 "with fitness: train (default 10).")
     eval_loop: int = option(1, "Evaluations per generation.")
+    protect_default: float = option(2.0, "With fitness: train, the default founder (algorithm.default_founder) ranks "
+                                    "as if this many standard errors (of a difference) higher: selection and "
+                                    "narrowing replace the run you would get without a search only on evidence, "
+                                    "not on noise (benchmarks/README.md, HPO section). 0: ranked like any member; "
+                                    "not used with fitness: last or mean.")
 
     def build(self, population_size: int, seed: int):
         from evollm.hpo import TournamentSelection, TruncationSelection
+        protect = self.protect_default if self.fitness == "train" or self.given("protect_default") else 0.0
         common = dict(population_size=population_size, fitness=self.fitness, window=self.window,
-                      eval_loop=self.eval_loop, rand_seed=seed)
+                      eval_loop=self.eval_loop, rand_seed=seed, protect_default=protect)
         try:
             if self.type == "tournament":
                 return TournamentSelection(tournament_size=self.tournament_size, elitism=self.elitism, **common)

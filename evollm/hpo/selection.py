@@ -37,6 +37,24 @@ def selection_signal(scores: Sequence[float], stderrs: Sequence[float]) -> dict[
     return {"spread": spread, "stderr": stderr, "snr": snr}
 
 
+def protected_scores(scores: dict[int, float], stderrs: dict[int, float], incumbents: Sequence[int],
+                     margin: float) -> dict[int, float]:
+    """Ranking scores that give the default founder the benefit of the doubt: each incumbent's score is
+    raised by ``margin * sqrt(2) * stderr`` (``margin`` standard errors of the difference between two
+    members as noisy as it), so another member outranks it only when it is better by more than the noise.
+    Other scores, non-finite scores and incumbents whose standard error is unknown are left as they are.
+
+    >>> protected_scores({0: 0.50, 1: 0.55}, {0: 0.02, 1: 0.02}, [0], 2.0)[0]  # 0.50 + 2 * 1.414 * 0.02
+    0.5565685424949238
+    """
+    out = dict(scores)
+    for i in incumbents:
+        s, e = scores.get(i, math.nan), stderrs.get(i, math.nan)
+        if margin > 0 and math.isfinite(s) and e is not None and math.isfinite(e):
+            out[i] = s + margin * math.sqrt(2.0) * e
+    return out
+
+
 @dataclass
 class SelectionResult:
     """Outcome of one selection step.
@@ -70,7 +88,8 @@ class _Selection:
     """Shared fitness scoring, validation, id counter and cloning."""
 
     def __init__(self, population_size: Optional[int], fitness: str, window: Optional[int],
-                 eval_loop: int, rand_seed: Optional[int], next_index: Optional[int]) -> None:
+                 eval_loop: int, rand_seed: Optional[int], next_index: Optional[int],
+                 protect_default: float = 0.0) -> None:
         if population_size is not None and population_size < 1:
             raise ValueError(f"population_size must be >= 1, got {population_size}")
         if fitness not in FITNESS_MODES:
@@ -88,18 +107,56 @@ class _Selection:
         self.rand_seed = rand_seed
         self.rng = np.random.default_rng(rand_seed)
         self.next_index = 0 if next_index is None else int(next_index)
+        if protect_default < 0 or (protect_default > 0 and fitness != "train"):
+            raise ValueError(f"protect_default must be >= 0 and needs fitness='train' (the standard error of a "
+                             f"member's training rewards), got {protect_default!r} with fitness={fitness!r}")
+        self.protect_default = float(protect_default)
+        self.incumbent: Optional[dict] = None  # the default founder's hyperparameters (see adopt_default)
 
     def state_dict(self) -> dict:
-        """The generator's state, the id counter and the population size (a narrowing schedule changes
-        it) as JSON, so a resumed run selects the same way."""
+        """The generator's state, the id counter, the population size (a narrowing schedule changes
+        it) and the default founder's hyperparameters as JSON, so a resumed run selects the same way."""
         return {"rng": self.rng.bit_generator.state, "next_index": self.next_index,
-                "population_size": self.population_size}
+                "population_size": self.population_size, "incumbent": self.incumbent}
 
     def load_state_dict(self, state: dict) -> None:
         self.rng.bit_generator.state = state["rng"]
         self.next_index = int(state["next_index"])
         if "population_size" in state:
             self.population_size = state["population_size"]
+        self.incumbent = state.get("incumbent")
+
+    # ------------------------------------------------------------------ the default founder
+    def adopt_default(self, population: Sequence[Any]) -> None:
+        """Remember the hyperparameters of the population's default founder (the member built with the
+        starting values, ``default_founder``) when ``protect_default`` is on and none is known yet."""
+        if self.protect_default <= 0 or self.incumbent is not None:
+            return
+        founder = next((a for a in population if getattr(a, "default_founder", False)), None)
+        names = list(getattr(founder, "hp_config", None) or {}) if founder is not None else []
+        if names:
+            self.incumbent = {n: founder.get_hyperparameter(n) for n in names}
+
+    def is_incumbent(self, agent: Any) -> bool:
+        """``agent`` holds the default founder's hyperparameters (the founder itself, or an unmutated
+        clone of it)."""
+        if not self.incumbent:
+            return False
+        try:
+            values = {n: agent.get_hyperparameter(n) for n in self.incumbent}
+        except (AttributeError, ValueError):
+            return False
+        return all(v == w or (isinstance(v, float) and isinstance(w, (int, float)) and math.isclose(v, w, rel_tol=1e-9))
+                   for v, w in ((values[n], self.incumbent[n]) for n in self.incumbent))
+
+    def rank_scores(self, population: Sequence[Any], scores: dict[int, float]) -> dict[int, float]:
+        """The scores members are ranked by: ``scores``, with the default founder protected (see
+        :func:`protected_scores`) when ``protect_default`` is on."""
+        incumbents = [int(a.index) for a in population if self.is_incumbent(a)]
+        if not incumbents:
+            return scores
+        stderrs = {i: self.stderr(a) for a in population if (i := int(a.index)) in incumbents}
+        return protected_scores(scores, stderrs, incumbents, self.protect_default)
 
     def resize(self, population_size: int) -> None:
         """The population now has ``population_size`` members (a narrowing schedule dropped some)."""
@@ -203,6 +260,11 @@ class TournamentSelection(_Selection):
         rand_seed: seed of the tournament draws.
         next_index: first id to give to clones (it is raised past the largest
             id seen anyway).
+        protect_default: with ``fitness="train"``, the default founder (and
+            unmutated clones of it) ranks as if its score were this many
+            standard errors of a difference higher (:func:`protected_scores`):
+            the run a user gets without a search is only replaced on evidence.
+            0 (the default here; ``evollm train``'s is 2): ranked like any other.
 
     Every non-elite slot is a clone of a tournament winner; the clones are
     the members to mutate.
@@ -211,9 +273,10 @@ class TournamentSelection(_Selection):
     def __init__(self, tournament_size: int, elitism: bool = True,
                  population_size: Optional[int] = None, eval_loop: int = 1,
                  fitness: FitnessMode = "last", window: Optional[int] = None,
-                 rand_seed: Optional[int] = None, next_index: Optional[int] = None) -> None:
+                 rand_seed: Optional[int] = None, next_index: Optional[int] = None,
+                 protect_default: float = 0.0) -> None:
         check_agilerl_selection(tournament_size, elitism, population_size)
-        super().__init__(population_size, fitness, window, eval_loop, rand_seed, next_index)
+        super().__init__(population_size, fitness, window, eval_loop, rand_seed, next_index, protect_default)
         if tournament_size < 1:
             raise ValueError(f"tournament_size must be >= 1, got {tournament_size}")
         if population_size is not None and tournament_size > population_size:
@@ -239,10 +302,11 @@ class TournamentSelection(_Selection):
             raise ValueError(f"tournament_size ({self.tournament_size}) must be <= "
                              f"population_size ({len(population)})")
         scores = self._check(population)
-        best = self._ranked(population, scores)[0]
+        ranks = self.rank_scores(population, scores)
+        best = self._ranked(population, ranks)[0]
         parents: dict[int, int] = {}
         new_population = [best] if self.elitism else []
-        clones = [self._clone(self._tournament(population, scores), parents)
+        clones = [self._clone(self._tournament(population, ranks), parents)
                   for _ in range(len(population) - len(new_population))]
         new_population.extend(clones)
         kept = {id(best)} if self.elitism else set()
@@ -264,15 +328,15 @@ class TruncationSelection(_Selection):
         population_size: expected population size (``None``: that of the
             list passed to :meth:`select`); at least 2.
         quantile: fraction replaced, in ``(0, 0.5]``.
-        fitness, window, eval_loop, rand_seed, next_index: as in
+        fitness, window, eval_loop, rand_seed, next_index, protect_default: as in
             :class:`TournamentSelection`.
     """
 
     def __init__(self, population_size: Optional[int] = None, quantile: float = 0.25,
                  fitness: FitnessMode = "last", window: Optional[int] = None,
                  rand_seed: Optional[int] = None, next_index: Optional[int] = None,
-                 eval_loop: int = 1) -> None:
-        super().__init__(population_size, fitness, window, eval_loop, rand_seed, next_index)
+                 eval_loop: int = 1, protect_default: float = 0.0) -> None:
+        super().__init__(population_size, fitness, window, eval_loop, rand_seed, next_index, protect_default)
         if not 0.0 < quantile <= 0.5:
             raise ValueError(f"quantile must be in (0, 0.5], got {quantile!r}")
         if population_size is not None and population_size < 2:
@@ -290,7 +354,7 @@ class TruncationSelection(_Selection):
         if len(population) < 2:
             raise ValueError(f"truncation needs at least 2 agents, got {len(population)}")
         scores = self._check(population)
-        ranked = self._ranked(population, scores)
+        ranked = self._ranked(population, self.rank_scores(population, scores))
         k = self.n_replaced(len(population))
         top, bottom = ranked[:k], ranked[-k:]
         bottom_ids = {id(a) for a in bottom}

@@ -87,6 +87,8 @@ def evolve(pop: Sequence, train_step: Callable[[list, int], dict[int, dict]],
     state = LoopState(0, max_steps, agents, record)
     call(callbacks, "on_train_begin", state)  # a resuming callback may move state.step/agents/since_eval
     agents, since_eval = list(state.agents), state.since_eval
+    if hasattr(tournament, "adopt_default"):  # a fresh run: remember the default founder's hyperparameters
+        tournament.adopt_default(agents)
     bar = tqdm(range(state.step, max_steps), desc="train", disable=not verbose, dynamic_ncols=True,
                initial=state.step, total=max_steps)
     spent_before = narrowing.elapsed_s if narrowing is not None else 0.0  # budget time of earlier processes
@@ -195,12 +197,13 @@ def narrow_population(agents: list, narrowing, step: int, max_steps: int, max_ti
         return agent.fitness[-1] if agent.fitness else -math.inf
 
     scores = {int(a.index): float(score(a)) for a in agents}
-    kept, dropped = narrowing.narrow(agents, lambda a: scores[int(a.index)], due)
+    ranks = tournament.rank_scores(agents, scores) if hasattr(tournament, "rank_scores") else scores
+    kept, dropped = narrowing.narrow(agents, lambda a: ranks[int(a.index)], due)
     if not dropped:  # already at the schedule's smallest size
         return agents, None
     if tournament is not None and hasattr(tournament, "resize"):
         tournament.resize(len(kept))
-    best = max(kept, key=lambda a: (scores[int(a.index)], -int(a.index)))
+    best = max(kept, key=lambda a: (ranks[int(a.index)], -int(a.index)))
     result = SelectionResult(elite=None, population=list(kept), dropped=list(dropped), scores=scores,
                              best_index=int(best.index))
     stderr = {int(a.index): _stderr(tournament, a, record) for a in agents}

@@ -21,7 +21,7 @@ def _env(tok, digits=(1, 1)):
 
 
 def _run(ckpt=None, resume=False, callbacks=(), n=4, max_steps=6, narrowing=None, fitness="last", mutation=None,
-         evaluation_interval=2, evo_steps=2, cache_dir=None):
+         evaluation_interval=2, evo_steps=2, cache_dir=None, protect_default=0.0):
     from evollm.recipes.warm_start import load_tiny_model
 
     torch.manual_seed(0)
@@ -31,7 +31,8 @@ def _run(ckpt=None, resume=False, callbacks=(), n=4, max_steps=6, narrowing=None
     return finetune_llm_reasoning(
         pop, _env(tok, (1, 2) if cache_dir else (1, 1)), max_steps=max_steps, evaluation_interval=evaluation_interval, evo_steps=evo_steps,
         verbose=False, seed=0,
-        tournament=TournamentSelection(2, True, n, fitness=fitness, rand_seed=0) if evo_steps else None,
+        tournament=TournamentSelection(2, True, n, fitness=fitness, rand_seed=0, protect_default=protect_default)
+        if evo_steps else None,
         mutation=(mutation or Mutations(no_mutation=0.0, rl_hp=1.0, rand_seed=0)) if evo_steps else None,
         narrowing=narrowing,
         callbacks=callbacks, checkpoint_dir=ckpt, checkpoint_every=1 if ckpt else None, keep_checkpoints=2,
@@ -74,6 +75,21 @@ def test_narrowing_to_one_member_ends_evolution_and_the_survivor_trains_on():
     survivor = agents[0].index
     steps = sorted(report[report["member"] == survivor]["step"])
     assert steps[-1] == 8 and set(report[report["step"] > last_narrowing]["member"]) == {survivor}
+
+
+def test_a_protected_default_founder_survives_narrowing_on_noise_and_is_the_member_returned(cache_dir):
+    kw = dict(n=4, fitness="train", evaluation_interval=4, evo_steps=3, max_steps=8, cache_dir=cache_dir,
+              narrowing=None)
+    agents, record = _run(**{**kw, "narrowing": Narrowing(at=(0.25, 0.5), keep=0.5, min_size=1)},
+                          protect_default=1e6)  # no difference in 8 steps can be beyond this much noise
+    assert [a.index for a in agents] == [0] and agents[0].default_founder  # kept at every milestone
+    assert agents[0].lr == 5e-5  # GRPO's default: never mutated (the elite of every selection)
+    narrow = record.selections()
+    narrow = narrow[narrow["kind"] == "narrowing"]
+    assert list(narrow["size_after"]) == [2, 1] and (narrow["best"] == 0).all()
+    assert (narrow["stderr"] > 0).all()  # rewards vary: the benefit of the doubt was finite and applied
+    free, _ = _run(**{**kw, "narrowing": Narrowing(at=(0.25, 0.5), keep=0.5, min_size=1)})
+    assert [a.index for a in free] != [0]  # unprotected, the noisier ranking lets it go
 
 
 def test_resume_of_a_narrowing_run_is_exact(tmp_path):

@@ -1,0 +1,96 @@
+"""The default founder: the first member keeps the starting hyperparameters, and with
+``protect_default`` selection and narrowing replace it only when another member beats it by more
+than the noise of the training rewards (hand-computed values, fake members, the config)."""
+
+import copy
+import math
+
+import pytest
+
+from evollm.config import RunConfig
+from evollm.config.schema import ConfigError
+from evollm.hpo import TournamentSelection, TruncationSelection
+from evollm.hpo.selection import protected_scores
+
+
+def test_protected_scores_by_hand():
+    # 0.50 + 2 * sqrt(2) * 0.02 = 0.556569
+    out = protected_scores({0: 0.50, 1: 0.55, 2: 0.40}, {0: 0.02, 1: 0.01, 2: 0.05}, [0], 2.0)
+    assert out[0] == pytest.approx(0.556568542) and out[1] == 0.55 and out[2] == 0.40
+    assert protected_scores({0: 0.5}, {0: 0.02}, [0], 0.0) == {0: 0.5}  # off
+    assert protected_scores({0: 0.5}, {0: math.nan}, [0], 2.0) == {0: 0.5}  # noise unknown: no benefit
+    assert protected_scores({0: -math.inf}, {0: 0.1}, [0], 2.0) == {0: -math.inf}  # quarantined stays last
+    both = protected_scores({0: 0.1, 3: 0.2}, {0: 0.1, 3: 0.0}, [0, 3], 1.0)  # every incumbent, its own noise
+    assert both == {0: pytest.approx(0.1 + math.sqrt(2) * 0.1), 3: 0.2}
+
+
+class Member:
+    """A member with training rewards (``scores``) and a learning rate."""
+
+    def __init__(self, index, rewards, lr, default=False):
+        self.index, self.scores, self.fitness = index, list(rewards), []
+        self.hp_config = {"lr": None}
+        self.lr, self.default_founder = lr, default
+
+    def get_hyperparameter(self, name):
+        return self.lr
+
+    def clone(self, index=None):
+        new = copy.copy(self)
+        new.index, new.default_founder = index, False
+        return new
+
+    def run_mutation_hooks(self):
+        pass
+
+
+def _population(default_rewards, other_rewards):
+    return [Member(0, default_rewards, 5e-5, default=True), Member(1, other_rewards, 3e-4),
+            Member(2, [0.1, 0.12, 0.08, 0.1], 1e-5)]
+
+
+def _elite(protect, default_rewards, other_rewards):
+    sel = TournamentSelection(2, True, 3, fitness="train", rand_seed=0, protect_default=protect)
+    pop = _population(default_rewards, other_rewards)
+    sel.adopt_default(pop)
+    return sel.select(pop)
+
+
+def test_the_default_founder_is_replaced_on_evidence_not_on_noise():
+    noisy = [0.40, 0.50, 0.45, 0.55]  # mean 0.475, se 0.0323: protected score 0.475 + 2.83 * 0.0323 = 0.566
+    assert _elite(2.0, noisy, [0.50, 0.52, 0.48, 0.54]).elite.index == 0  # 0.51: within the noise
+    assert _elite(0.0, noisy, [0.50, 0.52, 0.48, 0.54]).elite.index == 1  # unprotected: the higher mean
+    assert _elite(2.0, noisy, [0.70, 0.72, 0.68, 0.74]).elite.index == 1  # 0.71: better beyond the noise
+    result = _elite(2.0, noisy, [0.50, 0.52, 0.48, 0.54])
+    assert result.scores[0] == pytest.approx(0.475)  # the record keeps the raw score
+
+
+def test_the_default_founder_is_known_by_its_hyperparameters():
+    sel = TruncationSelection(3, quantile=0.34, fitness="train", protect_default=2.0)
+    pop = _population([0.4, 0.5, 0.45, 0.55], [0.50, 0.52, 0.48, 0.54])
+    assert not sel.is_incumbent(pop[0])  # nothing adopted yet
+    sel.adopt_default(pop)
+    assert sel.incumbent == {"lr": 5e-5}
+    clone = pop[0].clone(7)
+    assert sel.is_incumbent(pop[0]) and sel.is_incumbent(clone)  # an unmutated clone is the same run
+    clone.lr = 6e-5
+    assert not sel.is_incumbent(clone) and not sel.is_incumbent(pop[1])
+    assert sel.select(pop).dropped[0].index == 2  # truncation ranks the same way
+    again = TruncationSelection(3, quantile=0.34, fitness="train", protect_default=2.0)
+    again.load_state_dict(sel.state_dict())  # a resumed run protects the same member
+    assert again.incumbent == {"lr": 5e-5}
+    off = TournamentSelection(2, True, 3, fitness="train")
+    off.adopt_default(pop)
+    assert off.incumbent is None  # protection off (the API's default): nothing to remember
+
+
+def test_protect_default_needs_training_reward_ranking():
+    with pytest.raises(ValueError, match="protect_default"):
+        TournamentSelection(2, True, 3, fitness="last", protect_default=2.0)
+    base = {"algorithm": {"name": "GRPO", "population_size": 4}, "train": {"evo_steps": 10},
+            "task": {"name": "arithmetic"}}
+    cfg = RunConfig.from_dict({**base, "hpo": {"selection": {"fitness": "last"}}})
+    assert cfg.hpo.selection.build(4, 0).protect_default == 0.0  # the default does not apply to held-out ranking
+    assert RunConfig.from_dict(base).hpo.selection.build(4, 0).protect_default == 2.0
+    with pytest.raises(ConfigError, match="hpo.selection: protect_default"):
+        RunConfig.from_dict({**base, "hpo": {"selection": {"fitness": "last", "protect_default": 1.0}}})
