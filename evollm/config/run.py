@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from evollm.config.hpo import HPOSection, check_ranges
+from evollm.config.logs import LoggingSection
 from evollm.config.schema import (
     ConfigError, Section, apply_override, check_no_effect, coerce, did_you_mean, init_hints, name_field,
     option, read_yaml, resolve_paths, unknown_key_error,
@@ -378,28 +379,6 @@ class TrainSection(Section):
                             elite_path=self.elite_path or str(out / "elites"), checkpoint_dir=str(out / "checkpoints"),
                             checkpoint_every=self.checkpoint_interval(), keep_checkpoints=self.keep_checkpoints,
                             stop_grace=self.stop_grace, resume=resume, run_config=run_config, seed=int(seed), verbose=verbose)
-
-
-@dataclass
-class LoggingSection(Section):
-    """Live logging of the run (see :mod:`evollm.run.logging`); the CSV files of the run directory are
-    always kept current."""
-
-    tensorboard: bool = option(True, "Write TensorBoard event files under output_dir/tensorboard (one run per "
-                               "member and one for the population).")
-    wandb: bool | dict[str, Any] = option(False, "Log to Weights & Biases: true, or a dict of wandb.init keywords "
-                                          "(project, entity, name, mode, ...). Needs `pip install wandb`.")
-    mlflow: bool | dict[str, Any] = option(False, "Log to MLflow: true, or a dict with tracking_uri, "
-                                           "experiment_name, run_name. Needs `pip install mlflow`.")
-    plots: bool = option(True, "Redraw the run's PNGs at evaluations (at most ~10% of the run's wall time) and "
-                         "at the end.")
-
-    def finalize(self) -> None:
-        if isinstance(self.mlflow, dict):
-            valid = ["experiment_name", "run_name", "tracking_uri"]
-            for key in self.mlflow:
-                if key not in valid:
-                    raise unknown_key_error(key, "logging.mlflow", valid)
 
 
 @dataclass
