@@ -69,6 +69,8 @@ class SelectionResult:
             their adapters and optimizer state.
         scores: fitness score used for ranking, by old member id.
         best_index: id of the best old agent (kept or not).
+        protected: ids of the members ranked with the default founder's benefit of the doubt
+            (``protect_default``).
     """
 
     elite: Optional[Any]
@@ -78,6 +80,7 @@ class SelectionResult:
     dropped: list = field(default_factory=list)
     scores: dict[int, float] = field(default_factory=dict)
     best_index: Optional[int] = None
+    protected: list = field(default_factory=list)
 
     def __iter__(self):
         """Unpacks as AgileRL's LLM selection does: ``elite, population, indices`` (``indices`` is None)."""
@@ -149,10 +152,14 @@ class _Selection:
         return all(v == w or (isinstance(v, float) and isinstance(w, (int, float)) and math.isclose(v, w, rel_tol=1e-9))
                    for v, w in ((values[n], self.incumbent[n]) for n in self.incumbent))
 
+    def protected_ids(self, population: Sequence[Any]) -> list[int]:
+        """Ids of the members that get the default founder's benefit of the doubt."""
+        return [int(a.index) for a in population if self.protect_default > 0 and self.is_incumbent(a)]
+
     def rank_scores(self, population: Sequence[Any], scores: dict[int, float]) -> dict[int, float]:
         """The scores members are ranked by: ``scores``, with the default founder protected (see
         :func:`protected_scores`) when ``protect_default`` is on."""
-        incumbents = [int(a.index) for a in population if self.is_incumbent(a)]
+        incumbents = self.protected_ids(population)
         if not incumbents:
             return scores
         stderrs = {i: self.stderr(a) for a in population if (i := int(a.index)) in incumbents}
@@ -313,7 +320,7 @@ class TournamentSelection(_Selection):
         dropped = [a for a in population if id(a) not in kept]
         return SelectionResult(elite=best if self.elitism else None, population=new_population,
                                parents=parents, mutate=clones, dropped=dropped,
-                               scores=scores, best_index=int(best.index))
+                               scores=scores, best_index=int(best.index), protected=self.protected_ids(population))
 
 
 class TruncationSelection(_Selection):
@@ -370,4 +377,4 @@ class TruncationSelection(_Selection):
                 new_population.append(agent)
         return SelectionResult(elite=ranked[0], population=new_population, parents=parents,
                                mutate=clones, dropped=list(bottom), scores=scores,
-                               best_index=int(ranked[0].index))
+                               best_index=int(ranked[0].index), protected=self.protected_ids(population))

@@ -130,7 +130,9 @@ class Population:
                "kept": " ".join(str(i) for i in kept if i in scores),
                "dropped": " ".join(str(int(a.index)) for a in result.dropped
                                    if int(a.index) not in kept),
-               "scores": " ".join(f"{k}:{v:.4g}" for k, v in scores.items()), "budget_fraction": math.nan}
+               "scores": " ".join(f"{k}:{v:.4g}" for k, v in scores.items()),
+               "protected": " ".join(str(int(i)) for i in getattr(result, "protected", None) or []),
+               "budget_fraction": math.nan}
         row.update(extra)
         self.selection_rows.append(row)
 
@@ -178,7 +180,8 @@ class Population:
         generation, ``source`` of the scores (``last``/``mean``: held-out fitness, ``train``: running
         mean of training rewards), ``size_before``/``size_after``, ``best`` member, ``kept`` and
         ``dropped`` member ids (space-separated; a narrowing's dropped members are released for good),
-        ``scores`` (``id:score``), and how well the ranking beats noise: ``spread`` (standard deviation
+        ``scores`` (``id:score``, as measured), ``protected`` (the members ranked with the default
+        founder's benefit of the doubt, ``hpo.selection.protect_default``), and how well the ranking beats noise: ``spread`` (standard deviation
         of the scores between members), ``stderr`` (root mean square of their standard errors) and
         ``snr = spread / stderr`` (below about 1 the ranking is mostly noise), ``budget_fraction``
         (narrowings)."""
@@ -262,7 +265,7 @@ COST_COLUMNS = ("time_generate_s", "time_learn_s", "time_eval_s", "gen_tokens", 
 SELECTION_DTYPES = {"step": "int64", "generation": "int64", "kind": "string", "source": "string",
                     "size_before": "int64", "size_after": "int64", "best": "Int64", "spread": "float64",
                     "stderr": "float64", "snr": "float64", "kept": "string", "dropped": "string",
-                    "scores": "string", "budget_fraction": "float64"}
+                    "scores": "string", "protected": "string", "budget_fraction": "float64"}
 METRICS_DTYPES = {"step": "int64", "generation": "int64", "member": "int64", "gen_tokens": "Int64"}
 
 

@@ -204,8 +204,9 @@ def narrow_population(agents: list, narrowing, step: int, max_steps: int, max_ti
     if tournament is not None and hasattr(tournament, "resize"):
         tournament.resize(len(kept))
     best = max(kept, key=lambda a: (ranks[int(a.index)], -int(a.index)))
+    protected = tournament.protected_ids(agents) if hasattr(tournament, "protected_ids") else []
     result = SelectionResult(elite=None, population=list(kept), dropped=list(dropped), scores=scores,
-                             best_index=int(best.index))
+                             best_index=int(best.index), protected=protected)
     stderr = {int(a.index): _stderr(tournament, a, record) for a in agents}
     record.record_narrowing(result, step, fraction, stderr, source=getattr(tournament, "fitness", "last"))
     for agent in dropped:

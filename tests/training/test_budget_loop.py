@@ -87,6 +87,7 @@ def test_a_protected_default_founder_survives_narrowing_on_noise_and_is_the_memb
     narrow = record.selections()
     narrow = narrow[narrow["kind"] == "narrowing"]
     assert list(narrow["size_after"]) == [2, 1] and (narrow["best"] == 0).all()
+    assert (narrow["protected"] == "0").all()  # selections.csv says who had the benefit of the doubt
     assert (narrow["stderr"] > 0).all()  # rewards vary: the benefit of the doubt was finite and applied
     free, _ = _run(**{**kw, "narrowing": Narrowing(at=(0.25, 0.5), keep=0.5, min_size=1)})
     assert [a.index for a in free] != [0]  # unprotected, the noisier ranking lets it go
