@@ -268,10 +268,12 @@ class TournamentSelection(_Selection):
         next_index: first id to give to clones (it is raised past the largest
             id seen anyway).
         protect_default: with ``fitness="train"``, the default founder (and
-            unmutated clones of it) ranks as if its score were this many
-            standard errors of a difference higher (:func:`protected_scores`):
-            the run a user gets without a search is only replaced on evidence.
-            0 (the default here; ``evollm train``'s is 2): ranked like any other.
+            unmutated clones of it) is kept (as the elite; by a narrowing) as if
+            its score were this many standard errors of a difference higher
+            (:func:`protected_scores`): the run a user gets without a search is
+            only discarded on evidence. Tournaments that pick the parents of
+            clones use the scores as measured. 0 (the default here;
+            ``evollm train``'s is 1): ranked like any other.
 
     Every non-elite slot is a clone of a tournament winner; the clones are
     the members to mutate.
@@ -309,11 +311,10 @@ class TournamentSelection(_Selection):
             raise ValueError(f"tournament_size ({self.tournament_size}) must be <= "
                              f"population_size ({len(population)})")
         scores = self._check(population)
-        ranks = self.rank_scores(population, scores)
-        best = self._ranked(population, ranks)[0]
-        parents: dict[int, int] = {}
+        best = self._ranked(population, self.rank_scores(population, scores))[0]  # kept: the default's benefit
+        parents: dict[int, int] = {}                                              # of the doubt applies
         new_population = [best] if self.elitism else []
-        clones = [self._clone(self._tournament(population, ranks), parents)
+        clones = [self._clone(self._tournament(population, scores), parents)  # parents: on the scores as measured
                   for _ in range(len(population) - len(new_population))]
         new_population.extend(clones)
         kept = {id(best)} if self.elitism else set()
@@ -363,7 +364,7 @@ class TruncationSelection(_Selection):
         scores = self._check(population)
         ranked = self._ranked(population, self.rank_scores(population, scores))
         k = self.n_replaced(len(population))
-        top, bottom = ranked[:k], ranked[-k:]
+        top, bottom = self._ranked(population, scores)[:k], ranked[-k:]  # the protected one is not replaced
         bottom_ids = {id(a) for a in bottom}
         parents: dict[int, int] = {}
         new_population, clones = [], []

@@ -49,8 +49,8 @@ def _population(default_rewards, other_rewards):
             Member(2, [0.1, 0.12, 0.08, 0.1], 1e-5)]
 
 
-def _elite(protect, default_rewards, other_rewards):
-    sel = TournamentSelection(2, True, 3, fitness="train", rand_seed=0, protect_default=protect)
+def _elite(protect, default_rewards, other_rewards, tournament_size=2):
+    sel = TournamentSelection(tournament_size, True, 3, fitness="train", rand_seed=0, protect_default=protect)
     pop = _population(default_rewards, other_rewards)
     sel.adopt_default(pop)
     return sel.select(pop)
@@ -62,7 +62,11 @@ def test_the_default_founder_is_replaced_on_evidence_not_on_noise():
     assert _elite(0.0, noisy, [0.50, 0.52, 0.48, 0.54]).elite.index == 1  # unprotected: the higher mean
     assert _elite(2.0, noisy, [0.70, 0.72, 0.68, 0.74]).elite.index == 1  # 0.71: better beyond the noise
     result = _elite(2.0, noisy, [0.50, 0.52, 0.48, 0.54])
-    assert result.scores[0] == pytest.approx(0.475)  # the record keeps the raw score
+    assert result.scores[0] == pytest.approx(0.475) and result.protected == [0]  # the record: raw score, who
+    # kept as the elite, but the parents of clones are picked on the scores as measured: every tournament
+    # of all three members is won by member 1, not by the protected default
+    result = _elite(2.0, noisy, [0.50, 0.52, 0.48, 0.54], tournament_size=3)
+    assert result.elite.index == 0 and set(result.parents.values()) == {1}
 
 
 def test_the_default_founder_is_known_by_its_hyperparameters():
@@ -91,6 +95,6 @@ def test_protect_default_needs_training_reward_ranking():
             "task": {"name": "arithmetic"}}
     cfg = RunConfig.from_dict({**base, "hpo": {"selection": {"fitness": "last"}}})
     assert cfg.hpo.selection.build(4, 0).protect_default == 0.0  # the default does not apply to held-out ranking
-    assert RunConfig.from_dict(base).hpo.selection.build(4, 0).protect_default == 2.0
+    assert RunConfig.from_dict(base).hpo.selection.build(4, 0).protect_default == 1.0
     with pytest.raises(ConfigError, match="hpo.selection: protect_default"):
         RunConfig.from_dict({**base, "hpo": {"selection": {"fitness": "last", "protect_default": 1.0}}})
