@@ -78,8 +78,8 @@ class Member:
         (``"qmc"``: scrambled Sobol, the default; ``"random"``, ``"tpe"``, an Optuna sampler, or
         ``None`` for identical founders), seeded with ``seed``; a value the caller passes as a keyword
         (e.g. ``lr=1e-3``), or names in ``fixed``, is kept for every founder. With ``default_founder``
-        (the default) the first member keeps the starting values instead of a draw: the population
-        always holds the run you would get without a search. ``init_hyperparameters``:
+        (the default) the first member keeps the starting values instead of a draw when they lie inside
+        ``hp_config``'s ranges: the population then holds the run you would get without a search. ``init_hyperparameters``:
         an explicit list of per-member dicts instead (e.g. from
         :func:`evollm.hpo.initial_population_hyperparameters`)."""
         from ..hpo.founders import founder_hyperparameters
@@ -87,17 +87,20 @@ class Member:
         actor_network = cls._founders_base(actor_network, kwargs)
         if size < 1:
             raise ValueError(f"population size must be >= 1, got {size}")
+        members = [cls(actor_network, hp_config=hp_config, **kwargs)]
+        # the starting values found a member only where they lie inside the search space (a range the user
+        # wrote that leaves them out says where to search)
+        default_founder = bool(default_founder and hp_config is not None and all(
+            param.contains(members[0].get_hyperparameter(name)) for name, param in hp_config.items()))
         init = founder_hyperparameters(size, hp_config, init_hyperparameters, init_sampler,
                                        fixed=kwargs if fixed is None else fixed, seed=kwargs.get("seed", 0),
                                        default_founder=default_founder)
-        members = []
-        for hps in init:
-            member = cls(actor_network, hp_config=hp_config, **kwargs)
+        members += [cls(actor_network, hp_config=hp_config, **kwargs) for _ in init[1:]]
+        for member, hps in zip(members, init):
             for name, value in hps.items():
                 member.set_hyperparameter(name, value)
-            members.append(member)
         # the member a selection's protect_default looks after: the first, when the others were drawn
-        members[0].default_founder = bool(default_founder and init_hyperparameters is None and hp_config is not None
+        members[0].default_founder = bool(default_founder and init_hyperparameters is None
                                           and init_sampler is not None and size >= 2)
         return members
 

@@ -100,6 +100,15 @@ class RLParameter:
         """``"float"``, ``"int"`` or ``"categorical"``."""
         return "categorical" if self.is_categorical else _DTYPE_NAMES[self.dtype]
 
+    def contains(self, value: Any) -> bool:
+        """Whether ``value`` is one of ``choices``, or numeric and inside ``[min, max]``."""
+        if self.is_categorical:
+            return value in self.choices
+        try:
+            return self.min <= value <= self.max
+        except TypeError:
+            return False
+
     def clamp(self, value: Any) -> Any:
         """Clip a numeric value to ``[min, max]`` and cast it to ``dtype``."""
         if self.is_categorical:

@@ -98,3 +98,12 @@ def test_protect_default_needs_training_reward_ranking():
     assert RunConfig.from_dict(base).hpo.selection.build(4, 0).protect_default == 1.0
     with pytest.raises(ConfigError, match="hpo.selection: protect_default"):
         RunConfig.from_dict({**base, "hpo": {"selection": {"fitness": "last", "protect_default": 1.0}}})
+
+
+def test_a_parameter_knows_what_it_contains():
+    from evollm.hpo import RLParameter
+    lr = RLParameter(1e-5, 1e-3, log=True)
+    assert lr.contains(1e-5) and lr.contains(1e-3) and lr.contains(5e-5)
+    assert not lr.contains(5e-6) and not lr.contains(2e-3) and not lr.contains("x")
+    kind = RLParameter(choices=["grpo", "dapo"])
+    assert kind.contains("dapo") and not kind.contains("gspo")

@@ -165,15 +165,20 @@ def test_founders_are_drawn_from_the_hp_config(tiny):
     assert len({a.beta for a in pop}) == 4
     fixed = make_grpo(model, tok, n=4, hp_config=HP, lr=1e-3, default_founder=False)  # a user's value wins
     assert {a.lr for a in fixed} == {1e-3} and len({a.beta for a in fixed}) == 4
-    # by default the first founder keeps the starting values (GRPOConfig's: lr 5e-5, beta 0, loss grpo),
-    # even outside the range, and the other three are drawn from it
-    pop = make_grpo(model, tok, n=4, hp_config=HP)
+    # by default the first founder keeps the starting values (GRPOConfig's: lr 5e-5, beta 0, loss grpo)
+    # when they lie inside the space, and the other three are drawn from it
+    inside = HyperparameterConfig(lr=RLParameter(1e-5, 1e-3, log=True), beta=RLParameter(0.0, 0.05),
+                                  loss_type=RLParameter(choices=["grpo", "dapo"]))
+    pop = make_grpo(model, tok, n=4, hp_config=inside)
     start = GRPOConfig()
     assert (pop[0].lr, pop[0].beta, pop[0].loss_type) == (start.lr, start.beta, start.loss_type)
+    assert pop[0].default_founder and not any(a.default_founder for a in pop[1:])
     assert pop[0].optimizer.param_groups[0]["lr"] == start.lr
-    assert len({a.lr for a in pop[1:]}) == 3 and all(1e-4 <= a.lr <= 5e-3 for a in pop[1:])
-    mine = make_grpo(model, tok, n=3, hp_config=HP, beta=0.02)  # ... or the ones the user set
+    assert len({a.lr for a in pop[1:]}) == 3 and all(1e-5 <= a.lr <= 1e-3 for a in pop[1:])
+    mine = make_grpo(model, tok, n=3, hp_config=inside, beta=0.02)  # ... or the ones the user set
     assert mine[0].beta == 0.02 and mine[0].lr == start.lr and len({a.lr for a in mine}) == 3
+    # a range that leaves the starting lr out (HP: 1e-4 .. 5e-3) says where to search: every founder drawn
+    assert not make_grpo(model, tok, n=4, hp_config=HP)[0].default_founder
     same = make_grpo(model, tok, n=3, hp_config=HP, init_sampler=None)
     assert len({a.lr for a in same}) == 1
 

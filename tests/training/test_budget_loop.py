@@ -21,12 +21,12 @@ def _env(tok, digits=(1, 1)):
 
 
 def _run(ckpt=None, resume=False, callbacks=(), n=4, max_steps=6, narrowing=None, fitness="last", mutation=None,
-         evaluation_interval=2, evo_steps=2, cache_dir=None, protect_default=0.0):
+         evaluation_interval=2, evo_steps=2, cache_dir=None, protect_default=0.0, lr_range=(1e-4, 1e-2)):
     from evollm.recipes.warm_start import load_tiny_model
 
     torch.manual_seed(0)
     model, tok = load_tiny_model(warm_start=cache_dir is not None, cache_dir=cache_dir, seed=0)
-    hp = HyperparameterConfig(lr=RLParameter(min=1e-4, max=1e-2, log=True))
+    hp = HyperparameterConfig(lr=RLParameter(min=lr_range[0], max=lr_range[1], log=True))
     pop = make_grpo(model, tok, n=n, hp_config=hp)
     return finetune_llm_reasoning(
         pop, _env(tok, (1, 2) if cache_dir else (1, 1)), max_steps=max_steps, evaluation_interval=evaluation_interval, evo_steps=evo_steps,
@@ -79,7 +79,7 @@ def test_narrowing_to_one_member_ends_evolution_and_the_survivor_trains_on():
 
 def test_a_protected_default_founder_survives_narrowing_on_noise_and_is_the_member_returned(cache_dir):
     kw = dict(n=4, fitness="train", evaluation_interval=4, evo_steps=3, max_steps=8, cache_dir=cache_dir,
-              narrowing=None)
+              narrowing=None, lr_range=(1e-5, 1e-2))  # GRPO's default lr 5e-5 inside: a default founder
     agents, record = _run(**{**kw, "narrowing": Narrowing(at=(0.25, 0.5), keep=0.5, min_size=1)},
                           protect_default=1e6)  # no difference in 8 steps can be beyond this much noise
     assert [a.index for a in agents] == [0] and agents[0].default_founder  # kept at every milestone
