@@ -96,12 +96,13 @@ class SelectionSection(Section):
     window: int | None = option(None, "Evaluations averaged with fitness: mean (default eval_loop), or steps "
                                 "with fitness: train (default 10).")
     eval_loop: int = option(1, "Evaluations per generation.")
-    protect_default: float = option(1.0, "With fitness: train, the default founder (algorithm.default_founder) is kept "
-                                    "(as the elite, or by a narrowing) as if its score were this many standard "
-                                    "errors of a difference higher: the run you would get without a search is "
-                                    "discarded on evidence, not on the noise of a few steps (benchmarks/README.md, "
-                                    "HPO section). Parents of clones are picked on the scores as measured. 0: ranked "
-                                    "like any member; not used with fitness: last or mean.")
+    protect_default: float = option(2.0, "With fitness: train, the default founder (algorithm.default_founder) is kept "
+                                    "(as the elite, or by a narrowing) ahead of every member whose per-step training "
+                                    "rewards have not beaten its own by this many standard errors (paired by step: "
+                                    "members share each step's prompts): the run you would get without a search is "
+                                    "discarded on evidence, not on noise (benchmarks/README.md, HPO section). Parents "
+                                    "of clones are picked on the scores as measured. 0: ranked like any member; not "
+                                    "used with fitness: last or mean.")
 
     def build(self, population_size: int, seed: int):
         from evollm.hpo import TournamentSelection, TruncationSelection

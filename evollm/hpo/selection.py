@@ -37,21 +37,49 @@ def selection_signal(scores: Sequence[float], stderrs: Sequence[float]) -> dict[
     return {"spread": spread, "stderr": stderr, "snr": snr}
 
 
-def protected_scores(scores: dict[int, float], stderrs: dict[int, float], incumbents: Sequence[int],
-                     margin: float) -> dict[int, float]:
-    """Ranking scores that give the default founder the benefit of the doubt: each incumbent's score is
-    raised by ``margin * sqrt(2) * stderr`` (``margin`` standard errors of the difference between two
-    members as noisy as it), so another member outranks it only when it is better by more than the noise.
-    Other scores, non-finite scores and incumbents whose standard error is unknown are left as they are.
+#: common steps a member needs before it can beat the default founder (:func:`beats`)
+MIN_PAIRED_STEPS = 3
 
-    >>> protected_scores({0: 0.50, 1: 0.55}, {0: 0.02, 1: 0.02}, [0], 2.0)[0]  # 0.50 + 2 * 1.414 * 0.02
-    0.5565685424949238
+
+def beats(rewards: Sequence[float], incumbent: Sequence[float], margin: float) -> bool:
+    """Whether a member with per-step training rewards ``rewards`` beats the ``incumbent`` beyond the noise:
+    over their last common steps (both lists end at the same step; every member trains on the same
+    prompts or game seeds at a step, so the difference cancels how hard each step's prompts were), the
+    mean difference exceeds ``margin`` standard errors of it. Fewer than :data:`MIN_PAIRED_STEPS` common
+    steps: no evidence (two differences of discrete rewards are often equal, a standard error of 0).
+
+    >>> beats([0.50, 0.52, 0.48, 0.54], [0.40, 0.50, 0.45, 0.55], 2.0)  # +0.035, se 0.023: within the noise
+    False
+    >>> beats([0.42, 0.52, 0.47, 0.57], [0.40, 0.50, 0.45, 0.55], 2.0)  # +0.02 at every step
+    True
+    """
+    n = min(len(rewards), len(incumbent))
+    d = np.asarray(rewards[len(rewards) - n:], dtype=float) - np.asarray(incumbent[len(incumbent) - n:], dtype=float)
+    d = d[np.isfinite(d)]
+    if len(d) < MIN_PAIRED_STEPS:
+        return False
+    return bool(d.mean() > margin * d.std(ddof=1) / math.sqrt(len(d)))
+
+
+def protected_scores(scores: dict[int, float], rewards: dict[int, Sequence[float]], incumbents: Sequence[int],
+                     margin: float) -> dict[int, float]:
+    """Ranking scores that give the default founder (``incumbents``) the benefit of the doubt: an incumbent
+    ranks just above every member that has not :func:`beats` it (paired on their per-step training
+    ``rewards``, ``margin`` standard errors), and below those that have. Other scores, and non-finite
+    ones (a quarantined incumbent stays last), are left as they are.
+
+    >>> protected_scores({0: 0.475, 1: 0.51}, {0: [0.40, 0.50, 0.45, 0.55], 1: [0.50, 0.52, 0.48, 0.54]}, [0], 2.0)
+    {0: 0.5100000000000001, 1: 0.51}
     """
     out = dict(scores)
     for i in incumbents:
-        s, e = scores.get(i, math.nan), stderrs.get(i, math.nan)
-        if margin > 0 and math.isfinite(s) and e is not None and math.isfinite(e):
-            out[i] = s + margin * math.sqrt(2.0) * e
+        s = scores.get(i, math.nan)
+        if margin <= 0 or not math.isfinite(s):
+            continue
+        unbeaten = [v for j, v in scores.items() if j not in incumbents and math.isfinite(v) and v >= s
+                    and not beats(rewards.get(j, ()), rewards.get(i, ()), margin)]
+        if unbeaten:
+            out[i] = math.nextafter(max(unbeaten), math.inf)
     return out
 
 
@@ -162,8 +190,8 @@ class _Selection:
         incumbents = self.protected_ids(population)
         if not incumbents:
             return scores
-        stderrs = {i: self.stderr(a) for a in population if (i := int(a.index)) in incumbents}
-        return protected_scores(scores, stderrs, incumbents, self.protect_default)
+        rewards = {int(a.index): self._train_window(a) for a in population}
+        return protected_scores(scores, rewards, incumbents, self.protect_default)
 
     def resize(self, population_size: int) -> None:
         """The population now has ``population_size`` members (a narrowing schedule dropped some)."""
@@ -268,12 +296,13 @@ class TournamentSelection(_Selection):
         next_index: first id to give to clones (it is raised past the largest
             id seen anyway).
         protect_default: with ``fitness="train"``, the default founder (and
-            unmutated clones of it) is kept (as the elite; by a narrowing) as if
-            its score were this many standard errors of a difference higher
-            (:func:`protected_scores`): the run a user gets without a search is
-            only discarded on evidence. Tournaments that pick the parents of
-            clones use the scores as measured. 0 (the default here;
-            ``evollm train``'s is 1): ranked like any other.
+            unmutated clones of it) is kept (as the elite; by a narrowing) ahead of
+            every member that has not beaten it by this many standard errors of
+            their paired per-step reward difference (:func:`protected_scores`):
+            the run a user gets without a search is only discarded on evidence.
+            Tournaments that pick the parents of clones use the scores as
+            measured. 0 (the default here; ``evollm train``'s is 2): ranked like
+            any other.
 
     Every non-elite slot is a clone of a tournament winner; the clones are
     the members to mutate.

@@ -10,18 +10,31 @@ import pytest
 from evollm.config import RunConfig
 from evollm.config.schema import ConfigError
 from evollm.hpo import TournamentSelection, TruncationSelection
-from evollm.hpo.selection import protected_scores
+from evollm.hpo.selection import beats, protected_scores
+
+
+def test_beating_the_default_is_a_paired_test_by_hand():
+    inc = [0.40, 0.50, 0.45, 0.55]
+    # differences +0.10 +0.02 +0.03 -0.01: mean 0.035, sd 0.04655, se 0.02327
+    assert not beats([0.50, 0.52, 0.48, 0.54], inc, 2.0) and beats([0.50, 0.52, 0.48, 0.54], inc, 1.5)
+    assert beats([0.42, 0.52, 0.47, 0.57], inc, 2.0)  # +0.02 at every step: no noise in the difference
+    assert not beats([0.39, 0.49, 0.44, 0.54], inc, 0.0)  # behind
+    assert beats([0.0, 0.52, 0.47, 0.57], [0.50, 0.45, 0.55], 2.0)  # the last common steps only (a younger one)
+    assert not beats([0.6, 0.7], inc, 2.0) and not beats([0.6, 0.7, 0.8], [0.1, 0.1], 2.0)  # < 3 common steps
+    assert not beats([0.5, math.nan, 0.6, 0.6], [0.4, 0.4, math.nan, 0.4], 2.0)  # two finite differences left
 
 
 def test_protected_scores_by_hand():
-    # 0.50 + 2 * sqrt(2) * 0.02 = 0.556569
-    out = protected_scores({0: 0.50, 1: 0.55, 2: 0.40}, {0: 0.02, 1: 0.01, 2: 0.05}, [0], 2.0)
-    assert out[0] == pytest.approx(0.556568542) and out[1] == 0.55 and out[2] == 0.40
-    assert protected_scores({0: 0.5}, {0: 0.02}, [0], 0.0) == {0: 0.5}  # off
-    assert protected_scores({0: 0.5}, {0: math.nan}, [0], 2.0) == {0: 0.5}  # noise unknown: no benefit
-    assert protected_scores({0: -math.inf}, {0: 0.1}, [0], 2.0) == {0: -math.inf}  # quarantined stays last
-    both = protected_scores({0: 0.1, 3: 0.2}, {0: 0.1, 3: 0.0}, [0, 3], 1.0)  # every incumbent, its own noise
-    assert both == {0: pytest.approx(0.1 + math.sqrt(2) * 0.1), 3: 0.2}
+    rewards = {0: [0.40, 0.50, 0.45, 0.55], 1: [0.50, 0.52, 0.48, 0.54], 2: [0.70, 0.72, 0.68, 0.74],
+               3: [0.1, 0.1, 0.2, 0.2]}
+    scores = {0: 0.475, 1: 0.51, 2: 0.71, 3: 0.15}
+    out = protected_scores(scores, rewards, [0], 2.0)
+    # 1 has not beaten it (above): the default ranks just above 1; 2 has (+0.235, se 0.023); 3 is below
+    assert 0.51 < out[0] < 0.5100001 and {k: out[k] for k in (1, 2, 3)} == {1: 0.51, 2: 0.71, 3: 0.15}
+    assert protected_scores(scores, rewards, [0], 0.0) == scores  # off
+    assert protected_scores({**scores, 0: -math.inf}, rewards, [0], 2.0)[0] == -math.inf  # quarantined: last
+    alone = protected_scores({0: 0.5, 1: 0.6}, {0: [0.5], 1: [0.6]}, [0], 2.0)  # one step: no evidence yet
+    assert alone[0] > 0.6
 
 
 class Member:
@@ -95,7 +108,7 @@ def test_protect_default_needs_training_reward_ranking():
             "task": {"name": "arithmetic"}}
     cfg = RunConfig.from_dict({**base, "hpo": {"selection": {"fitness": "last"}}})
     assert cfg.hpo.selection.build(4, 0).protect_default == 0.0  # the default does not apply to held-out ranking
-    assert RunConfig.from_dict(base).hpo.selection.build(4, 0).protect_default == 1.0
+    assert RunConfig.from_dict(base).hpo.selection.build(4, 0).protect_default == 2.0
     with pytest.raises(ConfigError, match="hpo.selection: protect_default"):
         RunConfig.from_dict({**base, "hpo": {"selection": {"fitness": "last", "protect_default": 1.0}}})
 
