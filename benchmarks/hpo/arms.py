@@ -219,10 +219,11 @@ def budget_kwargs(cfg, budget: float) -> dict:
     return out
 
 
-def run_population(task, cfg, rec: Recorder, mutate: bool) -> dict:
+def run_population(task, cfg, rec: Recorder, mutate: bool, evo_set: list[str] = ()) -> dict:
+    """A population arm; ``evo_set``: ``--evo-set`` overrides of its evolution settings (ablations)."""
     from evollm.recipes.builders import build_hpo
 
-    cfg = with_overrides(cfg, evolution_overrides(cfg) + ([] if mutate else [
+    cfg = with_overrides(cfg, evolution_overrides(cfg) + list(evo_set) + ([] if mutate else [
         "hpo.mutation.no_mutation=1.0", "hpo.mutation.rl_hp=0.0", "hpo.mutation.lora_rank=0.0"]))
     hp_config = search_space(cfg)
     _, mutation, selection = build_hpo(cfg)
@@ -309,9 +310,9 @@ def run_trials(task, cfg, rec: Recorder, sampler: str, trial_steps: int, startup
 def run_arm(arm: str, task, cfg, clock: Clock, args) -> tuple[dict, Recorder]:
     rec = Recorder(clock)
     if arm == "evollm":
-        out = run_population(task, cfg, rec, mutate=True)
+        out = run_population(task, cfg, rec, mutate=True, evo_set=args.evo_set)
     elif arm == "no_mutation":
-        out = run_population(task, cfg, rec, mutate=False)
+        out = run_population(task, cfg, rec, mutate=False, evo_set=args.evo_set)
     elif arm == "default":
         out = run_single(task, cfg, rec)
     elif arm in ("tpe", "random"):

@@ -208,6 +208,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--config", required=True, help="an evollm run config (model, task, env, algorithm.name)")
     p.add_argument("--set", action="append", default=[], help="override a config value (as evollm train --set)")
+    p.add_argument("--evo-set", action="append", default=[], help="override an evolution setting of the population "
+                   "arms only (an ablation, e.g. hpo.selection.protect_default=0)")
     p.add_argument("--seeds", type=int, default=3, help="number of seeds (first_seed, first_seed+1, ...)")
     p.add_argument("--first-seed", type=int, default=0)
     p.add_argument("--budget-cpu-s", type=float, required=True, help="CPU seconds per arm and seed")
@@ -234,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
                         "--checkpoints", str(args.checkpoints), "--trial-steps", str(args.trial_steps),
                         "--tpe-startup", str(args.tpe_startup)] + \
         (["--report-size", str(args.report_size)] if args.report_size else []) + \
-        [x for s in args.set for x in ("--set", s)]
+        [x for s in args.set for x in ("--set", s)] + [x for s in args.evo_set for x in ("--evo-set", s)]
     return worker(args) if args.worker else driver(args)
 
 

@@ -33,6 +33,7 @@ def result(tmp_path_factory):
     out = tmp / "bench"
     rc = main(["--config", str(config), "--seeds", "1", "--budget-cpu-s", "0.6", "--checkpoints", "2",
                "--trial-steps", "2", "--grid-points", "1", "--report-size", "8", "--in-process",
+               "--evo-set", "hpo.selection.window=5",  # an ablation of the population arms only
                "--out", str(out), "--parts-dir", str(tmp / "parts")])
     assert rc == 0
     return json.loads(out.with_suffix(".json").read_text()), out
@@ -61,6 +62,8 @@ def test_arms_differ_as_documented(result):
     evo, frozen = runs["evollm"], runs["no_mutation"]
     assert evo["population_size"] == frozen["population_size"] > 1
     assert frozen["mutation"]["no_mutation"] == 1.0 and frozen["mutation"]["rl_hp"] == 0.0
+    assert evo["selection"]["window"] == frozen["selection"]["window"] == 5  # --evo-set reached both
+    assert evo["selection"]["protect_default"] == 2.0 and evo["founders"][0] == runs["default"]["hyperparameters"]
     assert len({f["lr"] for f in evo["founders"]}) == evo["population_size"]  # founders spread over the space
     assert runs["default"]["fixed"] == {}
     # the single run evaluates as `evollm train` does (every train.evaluation_interval steps), like each member
