@@ -96,19 +96,19 @@ class SelectionSection(Section):
     window: int | None = option(None, "Evaluations averaged with fitness: mean (default eval_loop), or steps "
                                 "with fitness: train (default 10).")
     eval_loop: int = option(1, "Evaluations per generation.")
-    protect_default: float = option(2.0, "With fitness: train, the default founder (algorithm.default_founder) is kept "
+    protect_default: float = option(0.0, "With fitness: train, the default founder (algorithm.default_founder) is kept "
                                     "(as the elite, or by a narrowing) ahead of every member whose per-step training "
                                     "rewards have not beaten its own by this many standard errors (paired by step: "
                                     "members share each step's prompts): the run you would get without a search is "
-                                    "discarded on evidence, not on noise (benchmarks/README.md, HPO section). Parents "
-                                    "of clones are picked on the scores as measured. 0: ranked like any member; not "
-                                    "used with fitness: last or mean.")
+                                    "discarded on evidence, not on noise. Parents of clones are picked on the scores "
+                                    "as measured. 0 (default): ranked like any member; with rungs of fewer than 3 "
+                                    "steps per member (a real model on a small budget) protection keeps the default "
+                                    "for good (benchmarks/README.md, HPO section). Needs fitness: train.")
 
     def build(self, population_size: int, seed: int):
         from evollm.hpo import TournamentSelection, TruncationSelection
-        protect = self.protect_default if self.fitness == "train" or self.given("protect_default") else 0.0
         common = dict(population_size=population_size, fitness=self.fitness, window=self.window,
-                      eval_loop=self.eval_loop, rand_seed=seed, protect_default=protect)
+                      eval_loop=self.eval_loop, rand_seed=seed, protect_default=self.protect_default)
         try:
             if self.type == "tournament":
                 return TournamentSelection(tournament_size=self.tournament_size, elitism=self.elitism, **common)

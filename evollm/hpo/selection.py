@@ -301,8 +301,7 @@ class TournamentSelection(_Selection):
             their paired per-step reward difference (:func:`protected_scores`):
             the run a user gets without a search is only discarded on evidence.
             Tournaments that pick the parents of clones use the scores as
-            measured. 0 (the default here; ``evollm train``'s is 2): ranked like
-            any other.
+            measured. 0 (the default): ranked like any other.
 
     Every non-elite slot is a clone of a tournament winner; the clones are
     the members to mutate.

@@ -106,9 +106,9 @@ def test_protect_default_needs_training_reward_ranking():
         TournamentSelection(2, True, 3, fitness="last", protect_default=2.0)
     base = {"algorithm": {"name": "GRPO", "population_size": 4}, "train": {"evo_steps": 10},
             "task": {"name": "arithmetic"}}
-    cfg = RunConfig.from_dict({**base, "hpo": {"selection": {"fitness": "last"}}})
-    assert cfg.hpo.selection.build(4, 0).protect_default == 0.0  # the default does not apply to held-out ranking
-    assert RunConfig.from_dict(base).hpo.selection.build(4, 0).protect_default == 2.0
+    assert RunConfig.from_dict(base).hpo.selection.build(4, 0).protect_default == 0.0  # off by default
+    on = {**base, "hpo": {"selection": {"protect_default": 2.0}}}
+    assert RunConfig.from_dict(on).hpo.selection.build(4, 0).protect_default == 2.0
     with pytest.raises(ConfigError, match="hpo.selection: protect_default"):
         RunConfig.from_dict({**base, "hpo": {"selection": {"fitness": "last", "protect_default": 1.0}}})
 

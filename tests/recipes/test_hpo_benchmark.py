@@ -63,7 +63,7 @@ def test_arms_differ_as_documented(result):
     assert evo["population_size"] == frozen["population_size"] > 1
     assert frozen["mutation"]["no_mutation"] == 1.0 and frozen["mutation"]["rl_hp"] == 0.0
     assert evo["selection"]["window"] == frozen["selection"]["window"] == 5  # --evo-set reached both
-    assert evo["selection"]["protect_default"] == 2.0 and evo["founders"][0] == runs["default"]["hyperparameters"]
+    assert evo["founders"][0] == runs["default"]["hyperparameters"]  # the default founder: the default run's values
     assert len({f["lr"] for f in evo["founders"]}) == evo["population_size"]  # founders spread over the space
     assert runs["default"]["fixed"] == {}
     # the single run evaluates as `evollm train` does (every train.evaluation_interval steps), like each member
