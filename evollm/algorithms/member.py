@@ -79,8 +79,8 @@ class Member:
         ``None`` for identical founders), seeded with ``seed``; a value the caller passes as a keyword
         (e.g. ``lr=1e-3``), or names in ``fixed``, is kept for every founder. With ``default_founder``
         (the default) the first member keeps the starting values instead of a draw when they lie inside
-        ``hp_config``'s ranges: the population then holds the run you would get without a search. ``init_hyperparameters``:
-        an explicit list of per-member dicts instead (e.g. from
+        ``hp_config``'s ranges: the population then holds the run you would get without a search.
+        ``init_hyperparameters``: an explicit list of per-member dicts instead (e.g. from
         :func:`evollm.hpo.initial_population_hyperparameters`)."""
         from ..hpo.founders import founder_hyperparameters
 

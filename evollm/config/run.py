@@ -285,8 +285,8 @@ class AlgorithmSection(Section):
                                       "set in algorithm.hyperparameters is kept for every founder.",
                                       choices=("random", "qmc", "tpe"), when={"population_size": lambda n: n > 1})
     default_founder: bool = option(True, "The first founder keeps the starting hyperparameters (those set here, else "
-                                   "the algorithm's defaults) instead of a draw: the population always holds the run "
-                                   "you would get without a search (benchmarks/README.md, HPO section).",
+                                   "the algorithm's defaults) instead of a draw, when they lie inside hpo.hp_config's "
+                                   "ranges: the population holds the run you would get without a search.",
                                    when={"population_size": lambda n: n > 1})
 
     def finalize(self) -> None:
