@@ -177,17 +177,21 @@ class _Selection:
             values = {n: agent.get_hyperparameter(n) for n in self.incumbent}
         except (AttributeError, ValueError):
             return False
-        return all(v == w or (isinstance(v, float) and isinstance(w, (int, float)) and math.isclose(v, w, rel_tol=1e-9))
-                   for v, w in ((values[n], self.incumbent[n]) for n in self.incumbent))
+        def same(v, w) -> bool:  # floats read back from the checkpoint JSON may differ in the last bit
+            numbers = isinstance(v, (int, float)) and isinstance(w, (int, float))
+            return v == w or (numbers and math.isclose(v, w, rel_tol=1e-9))
+        return all(same(values[n], w) for n, w in self.incumbent.items())
 
     def protected_ids(self, population: Sequence[Any]) -> list[int]:
         """Ids of the members that get the default founder's benefit of the doubt."""
         return [int(a.index) for a in population if self.protect_default > 0 and self.is_incumbent(a)]
 
-    def rank_scores(self, population: Sequence[Any], scores: dict[int, float]) -> dict[int, float]:
+    def rank_scores(self, population: Sequence[Any], scores: dict[int, float],
+                    incumbents: Optional[Sequence[int]] = None) -> dict[int, float]:
         """The scores members are ranked by: ``scores``, with the default founder protected (see
-        :func:`protected_scores`) when ``protect_default`` is on."""
-        incumbents = self.protected_ids(population)
+        :func:`protected_scores`) when ``protect_default`` is on (``incumbents``: :meth:`protected_ids`,
+        when the caller has them)."""
+        incumbents = self.protected_ids(population) if incumbents is None else incumbents
         if not incumbents:
             return scores
         rewards = {int(a.index): self._train_window(a) for a in population}
@@ -339,8 +343,9 @@ class TournamentSelection(_Selection):
             raise ValueError(f"tournament_size ({self.tournament_size}) must be <= "
                              f"population_size ({len(population)})")
         scores = self._check(population)
-        best = self._ranked(population, self.rank_scores(population, scores))[0]  # kept: the default's benefit
-        parents: dict[int, int] = {}                                              # of the doubt applies
+        protected = self.protected_ids(population)
+        best = self._ranked(population, self.rank_scores(population, scores, protected))[0]  # the elite: the
+        parents: dict[int, int] = {}                                          # default's benefit of the doubt
         new_population = [best] if self.elitism else []
         clones = [self._clone(self._tournament(population, scores), parents)  # parents: on the scores as measured
                   for _ in range(len(population) - len(new_population))]
@@ -349,7 +354,7 @@ class TournamentSelection(_Selection):
         dropped = [a for a in population if id(a) not in kept]
         return SelectionResult(elite=best if self.elitism else None, population=new_population,
                                parents=parents, mutate=clones, dropped=dropped,
-                               scores=scores, best_index=int(best.index), protected=self.protected_ids(population))
+                               scores=scores, best_index=int(best.index), protected=protected)
 
 
 class TruncationSelection(_Selection):
@@ -390,7 +395,8 @@ class TruncationSelection(_Selection):
         if len(population) < 2:
             raise ValueError(f"truncation needs at least 2 agents, got {len(population)}")
         scores = self._check(population)
-        ranked = self._ranked(population, self.rank_scores(population, scores))
+        protected = self.protected_ids(population)
+        ranked = self._ranked(population, self.rank_scores(population, scores, protected))
         k = self.n_replaced(len(population))
         top, bottom = self._ranked(population, scores)[:k], ranked[-k:]  # the protected one is not replaced
         bottom_ids = {id(a) for a in bottom}
@@ -406,4 +412,4 @@ class TruncationSelection(_Selection):
                 new_population.append(agent)
         return SelectionResult(elite=ranked[0], population=new_population, parents=parents,
                                mutate=clones, dropped=list(bottom), scores=scores,
-                               best_index=int(ranked[0].index), protected=self.protected_ids(population))
+                               best_index=int(ranked[0].index), protected=protected)

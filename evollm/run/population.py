@@ -181,8 +181,9 @@ class Population:
         mean of training rewards), ``size_before``/``size_after``, ``best`` member, ``kept`` and
         ``dropped`` member ids (space-separated; a narrowing's dropped members are released for good),
         ``scores`` (``id:score``, as measured), ``protected`` (the members ranked with the default
-        founder's benefit of the doubt, ``hpo.selection.protect_default``), and how well the ranking beats noise: ``spread`` (standard deviation
-        of the scores between members), ``stderr`` (root mean square of their standard errors) and
+        founder's benefit of the doubt, ``hpo.selection.protect_default``), and how well the ranking
+        beats noise: ``spread`` (standard deviation of the scores between members), ``stderr`` (root
+        mean square of their standard errors) and
         ``snr = spread / stderr`` (below about 1 the ranking is mostly noise), ``budget_fraction``
         (narrowings)."""
         return typed(pd.DataFrame(self.selection_rows), SELECTION_DTYPES)

@@ -197,14 +197,14 @@ def narrow_population(agents: list, narrowing, step: int, max_steps: int, max_ti
         return agent.fitness[-1] if agent.fitness else -math.inf
 
     scores = {int(a.index): float(score(a)) for a in agents}
-    ranks = tournament.rank_scores(agents, scores) if hasattr(tournament, "rank_scores") else scores
+    protected = tournament.protected_ids(agents) if hasattr(tournament, "protected_ids") else []
+    ranks = tournament.rank_scores(agents, scores, protected) if protected else scores
     kept, dropped = narrowing.narrow(agents, lambda a: ranks[int(a.index)], due)
     if not dropped:  # already at the schedule's smallest size
         return agents, None
     if tournament is not None and hasattr(tournament, "resize"):
         tournament.resize(len(kept))
     best = max(kept, key=lambda a: (ranks[int(a.index)], -int(a.index)))
-    protected = tournament.protected_ids(agents) if hasattr(tournament, "protected_ids") else []
     result = SelectionResult(elite=None, population=list(kept), dropped=list(dropped), scores=scores,
                              best_index=int(best.index), protected=protected)
     stderr = {int(a.index): _stderr(tournament, a, record) for a in agents}
