@@ -144,7 +144,11 @@ def hps(agent) -> dict:
 
 
 def library_best(state):
-    """The member the library would hand back now (:meth:`Population.best` over the live members)."""
+    """The member the library would hand back now (:meth:`Population.best` over the live members, and
+    the run's kept best state when ``train.keep_best`` keeps one)."""
+    kept = getattr(state.record, "kept", None)
+    if kept is not None and kept.beats(state.agents):
+        return kept.member
     scored = [a for a in state.agents if a.fitness]
     return max(scored, key=lambda a: a.fitness[-1]) if scored else state.agents[0]
 
@@ -216,7 +220,12 @@ def budget_kwargs(cfg, budget: float) -> dict:
         out.update(max_time=budget, max_time_clock="cpu")
     if hasattr(builders, "build_narrowing"):
         out["narrowing"] = builders.build_narrowing(cfg)
-    return out
+    return {**out, **keep_best_kwargs(cfg)}
+
+
+def keep_best_kwargs(cfg) -> dict:
+    """``keep_best`` as ``evollm train`` sets it from the config, for the library versions that have it."""
+    return {"keep_best": cfg.train.keep_best} if hasattr(cfg.train, "keep_best") else {}
 
 
 def run_population(task, cfg, rec: Recorder, mutate: bool, evo_set: list[str] = ()) -> dict:
@@ -252,7 +261,7 @@ def run_single(task, cfg, rec: Recorder, fixed: dict | None = None) -> dict:
     agent = members_of(cfg, task, None)[0]
     try:
         task.train([agent], seed=cfg.seed, max_steps=FOREVER, evaluation_interval=cfg.train.evaluation_interval,
-                   callbacks=[rec.callback(lambda state: state.agents[0])])
+                   callbacks=[rec.callback(library_best)], **keep_best_kwargs(cfg))
     except OutOfBudget:
         pass
     return {"hyperparameters": hps(agent), "fixed": fixed or {}}

@@ -332,6 +332,9 @@ class TrainSection(Section):
                                    "null: no evolution.")
     save_elite: bool = option(False, "Save the evaluated best member at every selection (elite_path/step_N) "
                               "and at the end (elite_path/final, also without evolution).")
+    keep_best: bool = option(False, "Keep the best evaluated state of the run (a clone of the member whose fitness "
+                             "beat every earlier evaluation; saved with checkpoints) and return it as the best member "
+                             "(best_member/, export) when no live member's last fitness reaches it.")
     elite_path: str | None = option(None, "Folder of the saved elites (relative to output_dir; default "
                                     "output_dir/elites).",
                                     when={"save_elite": (True,)}, path=True)
@@ -375,7 +378,7 @@ class TrainSection(Section):
 
         out = Path(output_dir)
         return LoopSettings(max_steps=self.max_steps, evaluation_interval=self.evaluation_interval,
-                            evo_steps=self.evo_steps, max_time=self.max_time, save_elite=self.save_elite,
+                            evo_steps=self.evo_steps, max_time=self.max_time, save_elite=self.save_elite, keep_best=self.keep_best,
                             elite_path=self.elite_path or str(out / "elites"), checkpoint_dir=str(out / "checkpoints"),
                             checkpoint_every=self.checkpoint_interval(), keep_checkpoints=self.keep_checkpoints,
                             stop_grace=self.stop_grace, resume=resume, run_config=run_config, seed=int(seed), verbose=verbose)

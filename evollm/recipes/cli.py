@@ -215,6 +215,8 @@ def run(cfg, resume: bool, quiet: bool = False, member_values: dict | None = Non
     _record_segment(out, segment, resume)
     summary = {k: v for k, v in result.items() if k not in ("agents", "population")}
     summary.update(best_member=best.index, outputs={k: str(v) for k, v in paths.items()})
+    if population.kept is not None and best is population.kept.member:  # train.keep_best returned an earlier state
+        summary["best_state"] = population.kept.info()
     write_json(out / "summary.json", summary)
     report = population.report()
     print("\nLast rows of the report:")
@@ -222,7 +224,9 @@ def run(cfg, resume: bool, quiet: bool = False, member_values: dict | None = Non
                         "hp_clip_coef", "hp_lora_rank") if c in report.columns]
     print(report[cols].tail(2 * len(agents)).to_string(index=False))
     took = f"{result['wall_time_s']:.0f} s" + (f", {segment:.0f} s since the resume" if resume else "")
-    print(f"\nwarm start fitness {result['initial_fitness']:.3f} -> best member {best.index} "
+    origin = (f" (the state of member {summary['best_state']['source']} at step {summary['best_state']['step']}, "
+              "train.keep_best)") if "best_state" in summary else ""
+    print(f"\nwarm start fitness {result['initial_fitness']:.3f} -> best member {best.index}{origin} "
           f"fitness {result['final_fitness']:.3f}   ({took})")
     print(f"outputs in {out}/: report.csv, lineage.csv, metrics.csv, *.png, tensorboard/, best_member/ "
           f"(evollm report {out})")

@@ -58,7 +58,7 @@ def run_reasoning(cfg, members, tokenizer, settings: LoopSettings, selection, mu
     agents, population = finetune_llm_reasoning(
         members, env, settings, tournament=selection, mutation=mutation, callbacks=callbacks,
         rollout_backend=cfg.rollout_backend, vllm=cfg.vllm)
-    final = max(a.fitness[-1] for a in agents)
+    final = population.best().fitness[-1]  # the kept best state's, when train.keep_best kept a better one
     return {"agents": agents, "population": population, "initial_fitness": initial, "final_fitness": final}
 
 
@@ -141,16 +141,17 @@ def run_multiturn(cfg, members, tokenizer, settings: LoopSettings, selection, mu
         if dist.is_distributed():
             rates = dist.all_reduce_mean(rates).tolist()
         successes.update({a.index: r for a, r in zip(agents, rates)})
+        successes.update({(step, a.index): r for a, r in zip(agents, rates)})
         if settings.verbose and dist.is_main_process():
             tqdm.write(f"step {step:>5}  success " + " ".join(f"{successes[a.index]:.3f}" for a in agents))
 
     agents, population = finetune_llm_multiturn(
         members, max_turns, factory, settings, tournament=selection, mutation=mutation,
         episodes_per_step=cfg.train.episodes_per_step, eval_episodes=eval_n, on_evaluation=log, callbacks=callbacks)
-    best = max(agents, key=lambda a: a.fitness[-1])
+    best, measured = best_and_origin(population)
     return {"agents": agents, "population": population, "initial_fitness": initial,
             "final_fitness": best.fitness[-1], "initial_success": initial_success,
-            "final_success": successes.get(best.index, math.nan)}
+            "final_success": successes.get(measured if measured else best.index, math.nan)}
 
 
 # --------------------------------------------------------------------------- IPPO teams
@@ -189,11 +190,22 @@ def run_team(cfg, teams, tokenizer, settings: LoopSettings, selection, mutation,
         def on_evaluation(self, state, fitness):
             rows = state.record.rows[-len(state.agents):]
             report.update({r["member"]: r.get("success", math.nan) for r in rows})
+            report.update({(r["step"], r["member"]): r.get("success", math.nan) for r in rows})
             if settings.verbose:
                 say(f"step {state.step:>5}  joint success " + " ".join(f"{report[t.index]:.3f}" for t in state.agents))
 
     agents, population = finetune_ippo(teams, task, settings, tournament=selection, mutation=mutation,
                                        callbacks=[_Success(), *callbacks])
-    best = max(agents, key=lambda t: t.fitness[-1])
+    best, measured = best_and_origin(population)
     return {"agents": agents, "population": population, "initial_fitness": initial, "final_fitness": best.fitness[-1],
-            "initial_success": initial_success, "final_success": report.get(best.index, math.nan)}
+            "initial_success": initial_success, "final_success": report.get(measured if measured else best.index,
+                                                                            math.nan)}
+
+
+def best_and_origin(population) -> tuple:
+    """``(best member, (step, source id))`` when it is the kept best state (train.keep_best: its success was
+    measured on ``source`` at ``step``), else ``(best member, None)``."""
+    best, kept = population.best(), population.kept
+    if kept is not None and best is kept.member:
+        return best, (kept.step, kept.source)
+    return best, None

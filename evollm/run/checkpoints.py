@@ -225,6 +225,8 @@ class RunCheckpointer:
         state.record.load_state_dict({k: v for k, v in population.items()
                                       if k not in ("members", "used_ids", "base_fingerprint")})
         state.record.members = list(restored)
+        if getattr(state.record, "kept", None) is not None:  # keep_best: the run's best state comes back too
+            state.record.kept.load(folder, restored)
         restore_components(run, self.env, self.mutation, self.selection, folder, narrowing=self.narrowing)
         restore_rng(run["rng"], rng_tensors)
         state.step, state.agents = run["step"], restored
@@ -282,30 +284,32 @@ def restore_members(live: list, folder: Path, ids: list[int]) -> list:
     others are cloned from a live member of the same algorithm (keeping its hooks), resized to the saved
     rank and loaded."""
     by_index = {a.index: a for a in live}
-    out = []
-    for index in ids:
-        member_dir = folder / f"member_{index}"
-        info_file = member_dir / "agent.json"
-        info = json.loads((info_file if info_file.is_file() else member_dir / "team.json").read_text())
-        agent = by_index.get(index)
-        if agent is None:  # cloned from a live member of the saved kind (a population may mix algorithms)
-            kind = info.get("algorithm")
-            template = next((a for a in live if type(a).__name__ == kind), None)
-            if template is None:
-                raise CheckpointError(f"checkpoint {folder}: member {index} is a {kind}, and the resumed population "
-                                      f"has none ({sorted({type(a).__name__ for a in live})}); resume with the "
-                                      "population the run was started with")
-            template.shared.return_index(index, template.ID_SPACE)  # the same member returns; no other gets its id
-            agent = template.clone(index=index)
-        rank = info.get("lora_rank")
-        if rank is not None and (member_dir / "adapter").is_dir():  # checked against the adapter files
-            rank = check_recorded_rank(member_dir, rank)                # before a member of that rank exists
-        if rank is not None and rank != agent.lora_rank:
-            agent.set_lora_rank(rank)
-        agent.load_checkpoint(member_dir, verify_manifest=False)
-        out.append(agent)
+    out = [load_member(live, folder / f"member_{index}", index, by_index.get(index)) for index in ids]
     keep = {id(a) for a in out}
     for agent in live:
         if id(agent) not in keep:
             agent.release()
     return out
+
+
+def load_member(live: list, member_dir: Path, index: int, agent=None):
+    """The member saved in ``member_dir`` with id ``index``: loaded into ``agent`` when given, else cloned
+    from a live member of the saved algorithm (keeping its hooks) with that id, resized to the saved rank."""
+    info_file = member_dir / "agent.json"
+    info = json.loads((info_file if info_file.is_file() else member_dir / "team.json").read_text())
+    if agent is None:  # cloned from a live member of the saved kind (a population may mix algorithms)
+        kind = info.get("algorithm")
+        template = next((a for a in live if type(a).__name__ == kind), None)
+        if template is None:
+            raise CheckpointError(f"checkpoint {member_dir.parent}: member {index} is a {kind}, and the resumed "
+                                  f"population has none ({sorted({type(a).__name__ for a in live})}); resume with "
+                                  "the population the run was started with")
+        template.shared.return_index(index, template.ID_SPACE)  # the same member returns; no other gets its id
+        agent = template.clone(index=index)
+    rank = info.get("lora_rank")
+    if rank is not None and (member_dir / "adapter").is_dir():  # checked against the adapter files
+        rank = check_recorded_rank(member_dir, rank)                # before a member of that rank exists
+    if rank is not None and rank != agent.lora_rank:
+        agent.set_lora_rank(rank)
+    agent.load_checkpoint(member_dir, verify_manifest=False)
+    return agent

@@ -59,6 +59,9 @@ class Population:
         self.selection_rows: list[dict] = []  # one per selection or narrowing
         self.generation = 0
         self.algorithm = algorithm
+        #: the best evaluated state of the run (:class:`~evollm.run.best_state.KeptBest`) when the loop
+        #: keeps one (``keep_best``), else ``None``
+        self.kept = None
         for agent in agents or []:
             self.add_founder(agent)
 
@@ -211,7 +214,10 @@ class Population:
 
     def best(self):
         """The current member with the highest last fitness, among members evaluated since their
-        birth (clones start with an empty fitness history, so an unevaluated clone never wins)."""
+        birth (clones start with an empty fitness history, so an unevaluated clone never wins); with a
+        kept best state (``keep_best``) whose fitness is strictly higher than all of theirs, that one."""
+        if self.kept is not None and self.kept.beats(self.members):
+            return self.kept.member
         scored = [a for a in self.members if a.fitness]
         return max(scored, key=lambda a: a.fitness[-1]) if scored else self.members[0]
 

@@ -19,7 +19,8 @@ from .population import Population
 def save_population(agents, population, path: str | Path, extra_files=None) -> Path:
     """Every member (``member_<id>/``, as :func:`save_agent`) plus the population record
     (``population.json``: births, mutations, every measurement, member order, the ids used on the base
-    and its fingerprint), atomically. ``extra_files(tmp_folder)`` may add files before the manifest."""
+    and its fingerprint) and the run's kept best state (``kept_best/``, when kept), atomically.
+    ``extra_files(tmp_folder)`` may add files before the manifest."""
     path = Path(path)
     with atomic_folder(path, "population") as tmp:
         for agent in agents:
@@ -30,6 +31,8 @@ def save_population(agents, population, path: str | Path, extra_files=None) -> P
             state["used_ids"] = agents[0].shared.used_indices()
             state["base_fingerprint"] = shared_fingerprint(agents[0].shared)
         (tmp / "population.json").write_text(json.dumps(state, indent=1, default=jsonable))
+        if getattr(population, "kept", None) is not None:  # the run's best evaluated state (keep_best)
+            population.kept.save(tmp)
         if extra_files is not None:
             extra_files(tmp)
     return path

@@ -19,6 +19,7 @@ from tqdm.auto import tqdm
 
 from evollm.parallel import distributed as dist
 from evollm.parallel import zero
+from evollm.run.best_state import KeptBest
 from evollm.run.population import Population
 from ..rollout import evaluate_population, generate_population
 from ..run.measure import member_tokens, with_costs
@@ -84,6 +85,8 @@ def evolve(pop: Sequence, train_step: Callable[[list, int], dict[int, dict]],
     agents = list(pop)
     record = population if population is not None else Population(agents)
     log = log or (lambda msg: tqdm.write(msg))
+    if s.keep_best and getattr(record, "kept", None) is None:
+        record.kept = KeptBest()  # before on_train_begin: a resumed run restores it
     state = LoopState(0, max_steps, agents, record)
     call(callbacks, "on_train_begin", state)  # a resuming callback may move state.step/agents/since_eval
     agents, since_eval = list(state.agents), state.since_eval
@@ -121,6 +124,8 @@ def evolve(pop: Sequence, train_step: Callable[[list, int], dict[int, dict]],
             record.record_evaluation(done, agents, fitness, train_rewards,
                                      extra={a.index: {"quarantined": a.quarantined, "fitness_se": se}
                                             for a, se in zip(agents, stderr)})
+            if s.keep_best:
+                record.kept.offer(agents, fitness, done)
             call(callbacks, "on_evaluation", state, fitness)
             since_eval.clear()
             best = max(fitness)
@@ -158,9 +163,12 @@ def evolve(pop: Sequence, train_step: Callable[[list, int], dict[int, dict]],
         call(callbacks, "on_step_complete", state)
     record.members = list(agents)
     if zero.active():  # the final checkpoint, elite and best member are written by process 0 alone
-        zero.snapshot_members(agents)
-    if save_elite and main:  # the best member of the last evaluation (every member was evaluated at the end)
-        record.best().save_checkpoint(Path(elite_path or "elite") / "final")
+        zero.snapshot_members(agents + _kept(record))
+    if save_elite and main:  # the best member of the last evaluation (every member was evaluated at the end),
+        record.best().save_checkpoint(Path(elite_path or "elite") / "final")  # or the kept best state
+    if s.keep_best and verbose and record.best() is record.kept.member:
+        log(f"best state: member {record.kept.source} at step {record.kept.step} (fitness {record.kept.fitness:.3f}), "
+            f"kept as member {record.kept.member.index}")
     call(callbacks, "on_train_end", state)
     return agents, record
 
@@ -235,7 +243,13 @@ def _snapshot_for_checkpoints(agents: Sequence, callbacks: Sequence, state: Loop
         return
     due = any(getattr(cb, "saves_after", lambda s: False)(state) for cb in callbacks)
     if dist.broadcast_object(due):
-        zero.snapshot_members(agents)
+        zero.snapshot_members(list(agents) + _kept(state.record))
+
+
+def _kept(record) -> list:
+    """The kept best state's member (``keep_best``), as a list of zero or one member."""
+    kept = getattr(record, "kept", None)
+    return [kept.member] if kept is not None and kept.member is not None else []
 
 
 def selection_elite(result, old_agents: Sequence):

@@ -41,6 +41,9 @@ class LoopSettings:
     max_reward: float | None = _opt(None, "Stop after an evaluation whose best fitness reaches this; None: never.")
     save_elite: bool = _opt(False, "Save the evaluated best member at every selection (elite_path/step_N) and at "
                             "the end (elite_path/final).")
+    keep_best: bool = _opt(False, "Keep the best evaluated state of the run (a clone of the member whose fitness "
+                           "beat every earlier evaluation) and return it as the best member at the end when "
+                           "no live member's last fitness reaches it; saved with run checkpoints.")
     elite_path: str | Path | None = _opt(None, "Folder of the saved elites; None: ./elite.")
     checkpoint_dir: str | Path | None = _opt(None, "Checkpoint the whole run into checkpoint_dir/step_N; None: no "
                                              "run checkpoints.")

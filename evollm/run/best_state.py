@@ -1,0 +1,104 @@
+"""The best evaluated state of a run, kept so that a late collapse cannot cost the run (``keep_best``).
+
+RL fine-tuning does not improve monotonically: a member can reach its best held-out fitness and then
+fall (a learning rate that is too high, a lone survivor of a narrowed population, a reward hack). With
+``keep_best`` the loop clones the member with the best fitness of each evaluation whenever that
+fitness is strictly above every earlier one (ties keep the earlier state): the clone is a whole member
+(adapters, optimizer state, hyperparameters) on the shared base that takes no further step. At the
+end :meth:`~evollm.run.population.Population.best` returns it when its fitness is strictly above every
+live member's last fitness, so ``best_member/``, the elite and ``evollm export`` hold the best state the
+run measured, not only the last one.
+
+Fitness is a greedy evaluation on a fixed test set, so the kept member's recorded fitness is the
+measured fitness of exactly its weights. The kept member is saved with every run checkpoint
+(``kept_best/``, the member file format plus ``kept.json``) and restored on resume, so a resumed run
+keeps the same state. Its id is a fresh one of the base (it is a clone); ``source`` and ``step`` say
+which member it was copied from and when.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Sequence
+
+from evollm.algorithms.checkpoint import write_agent
+from .checkpoints import load_member
+
+KEPT_DIR = "kept_best"
+KEPT_FILE = "kept.json"
+
+
+def best_of_evaluation(agents: Sequence, fitness: Sequence[float]) -> tuple[int, float] | None:
+    """``(position, fitness)`` of the best healthy member of one evaluation (ties: the lower id), or
+    ``None`` when no member has a finite fitness."""
+    found = [(float(f), -int(a.index), i) for i, (a, f) in enumerate(zip(agents, fitness))
+             if not getattr(a, "quarantined", False) and f is not None and math.isfinite(float(f))]
+    if not found:
+        return None
+    f, _, i = max(found)
+    return i, f
+
+
+class KeptBest:
+    """The best evaluated state of the run (see the module docstring); ``member`` is ``None`` until the
+    first evaluation."""
+
+    def __init__(self) -> None:
+        self.member = None
+        self.source: int | None = None  # id of the member it was copied from
+        self.step: int | None = None  # completed steps when it was evaluated
+        self.fitness = -math.inf
+
+    def offer(self, agents: Sequence, fitness: Sequence[float], step: int) -> bool:
+        """After an evaluation: keep a clone of its best member when its fitness is strictly above the
+        kept one's; the previous kept member is released. Returns whether a new state was kept."""
+        best = best_of_evaluation(agents, fitness)
+        if best is None or not best[1] > self.fitness:
+            return False
+        agent = agents[best[0]]
+        clone = agent.clone()
+        clone.record_fitness(best[1])
+        self._replace(clone, source=int(agent.index), step=int(step), fitness=best[1])
+        return True
+
+    def _replace(self, member, source: int, step: int, fitness: float) -> None:
+        if self.member is not None:
+            self.member.release()
+        self.member, self.source, self.step, self.fitness = member, source, step, float(fitness)
+
+    def beats(self, members: Sequence) -> bool:
+        """Whether the kept state is strictly better than every evaluated member of ``members``."""
+        last = [a.fitness[-1] for a in members if a.fitness and not getattr(a, "quarantined", False)]
+        return self.member is not None and all(self.fitness > f for f in last)
+
+    def info(self) -> dict:
+        """``{member, source, step, fitness}`` (JSON), or ``{}`` before the first evaluation."""
+        if self.member is None:
+            return {}
+        return {"member": int(self.member.index), "source": self.source, "step": self.step, "fitness": self.fitness}
+
+    # ------------------------------------------------------------------ checkpoints
+    def save(self, folder: Path) -> None:
+        """Write the kept member into ``folder/kept_best/`` (part of a run checkpoint); nothing before
+        the first evaluation."""
+        if self.member is None:
+            return
+        out = write_agent(self.member, Path(folder) / KEPT_DIR)
+        (out / KEPT_FILE).write_text(json.dumps(self.info(), indent=1))
+
+    def load(self, folder: Path, live: Sequence) -> None:
+        """Restore the kept member of checkpoint ``folder`` onto the base of ``live`` (cloned from a live
+        member of the same kind, with the saved id, rank and files). A checkpoint without one leaves
+        nothing kept."""
+        kept_dir = Path(folder) / KEPT_DIR
+        if self.member is not None:
+            self.member.release()
+        self.member, self.source, self.step, self.fitness = None, None, None, -math.inf
+        if not (kept_dir / KEPT_FILE).is_file():
+            return
+        info = json.loads((kept_dir / KEPT_FILE).read_text())
+        member = load_member(list(live), kept_dir, int(info["member"]))
+        self.member, self.source, self.step = member, info.get("source"), info.get("step")
+        self.fitness = float(info["fitness"])
