@@ -378,10 +378,11 @@ class TrainSection(Section):
 
         out = Path(output_dir)
         return LoopSettings(max_steps=self.max_steps, evaluation_interval=self.evaluation_interval,
-                            evo_steps=self.evo_steps, max_time=self.max_time, save_elite=self.save_elite, keep_best=self.keep_best,
-                            elite_path=self.elite_path or str(out / "elites"), checkpoint_dir=str(out / "checkpoints"),
-                            checkpoint_every=self.checkpoint_interval(), keep_checkpoints=self.keep_checkpoints,
-                            stop_grace=self.stop_grace, resume=resume, run_config=run_config, seed=int(seed), verbose=verbose)
+                            evo_steps=self.evo_steps, max_time=self.max_time, save_elite=self.save_elite,
+                            keep_best=self.keep_best, elite_path=self.elite_path or str(out / "elites"),
+                            checkpoint_dir=str(out / "checkpoints"), checkpoint_every=self.checkpoint_interval(),
+                            keep_checkpoints=self.keep_checkpoints, stop_grace=self.stop_grace, resume=resume,
+                            run_config=run_config, seed=int(seed), verbose=verbose)
 
 
 @dataclass
