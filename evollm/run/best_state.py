@@ -3,7 +3,9 @@
 RL fine-tuning does not improve monotonically: a member can reach its best held-out fitness and then
 fall (a learning rate that is too high, a lone survivor of a narrowed population, a reward hack). With
 ``keep_best`` the loop clones the member with the best fitness of each evaluation whenever that
-fitness is strictly above every earlier one (ties keep the earlier state): the clone is a whole member
+fitness is at least every earlier one (a tie keeps the later state: it measured the same on the fixed
+test set and trained longer; greedy evaluations stay flat for long stretches while the sampled policy
+still improves): the clone is a whole member
 (adapters, optimizer state, hyperparameters) on the shared base that takes no further step. At the
 end :meth:`~evollm.run.population.Population.best` returns it when its fitness is strictly above every
 live member's last fitness, so ``best_member/``, the elite and ``evollm export`` hold the best state the
@@ -52,10 +54,11 @@ class KeptBest:
         self.fitness = -math.inf
 
     def offer(self, agents: Sequence, fitness: Sequence[float], step: int) -> bool:
-        """After an evaluation: keep a clone of its best member when its fitness is strictly above the
-        kept one's; the previous kept member is released. Returns whether a new state was kept."""
+        """After an evaluation: keep a clone of its best member when its fitness is at least the kept
+        one's (a tie keeps the later state); the previous kept member is released. Returns whether a new
+        state was kept."""
         best = best_of_evaluation(agents, fitness)
-        if best is None or not best[1] > self.fitness:
+        if best is None or not best[1] >= self.fitness:
             return False
         agent = agents[best[0]]
         clone = agent.clone()

@@ -91,16 +91,18 @@ def test_a_live_member_that_reaches_the_kept_fitness_is_preferred():
     a, b = make_grpo(model, tok, n=2)
     kept = KeptBest()
     assert kept.offer([a, b], [0.2, 0.5], step=2)
-    assert not kept.offer([a, b], [0.5, 0.4], step=4)  # equal is not better: the earlier state stays
+    assert not kept.offer([a, b], [0.4, 0.3], step=4)
     assert (kept.source, kept.step, kept.fitness) == (b.index, 2, 0.5)
+    assert kept.offer([a, b], [0.5, 0.4], step=6)  # a tie: the later state (same measure, trained longer)
+    assert (kept.source, kept.step, kept.fitness) == (a.index, 6, 0.5)
     a.record_fitness(0.5)
     b.record_fitness(0.4)
     assert not kept.beats([a, b])
     a.fitness[-1] = 0.49
     assert kept.beats([a, b])
     first = kept.member
-    assert kept.offer([a, b], [0.7, 0.1], step=6)
-    assert first.released and kept.source == a.index  # the older kept state is given back
+    assert kept.offer([a, b], [0.1, 0.7], step=8)
+    assert first.released and kept.source == b.index  # the older kept state is given back
 
 
 def test_the_kept_state_survives_an_interrupted_run_exactly(tmp_path):
@@ -145,7 +147,8 @@ logging: {{tensorboard: false, plots: false}}
     summary = json.loads((run / "summary.json").read_text())
     best = report["fitness"].max()
     assert best > 0 and (report[report["step"] == 6]["fitness"] == 0).all()  # the live members collapsed
-    row = report[report["fitness"] == best].sort_values(["step", "member"]).iloc[0]
+    # the latest evaluation that reached the best fitness (a tie keeps the later state), its lowest id
+    row = report[report["fitness"] == best].sort_values(["step", "member"], ascending=[False, True]).iloc[0]
     assert summary["final_fitness"] == pytest.approx(best)
     assert (summary["best_state"]["source"], summary["best_state"]["step"]) == (row["member"], row["step"])
     assert summary["best_member"] == summary["best_state"]["member"] not in set(report["member"])
