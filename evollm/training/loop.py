@@ -220,8 +220,11 @@ def narrow_population(agents: list, narrowing, step: int, max_steps: int, max_ti
     for agent in dropped:
         agent.release()
     if log is not None:
+        snr = record.selection_rows[-1]["snr"]
+        hint = (" (below 1: the ranking was mostly noise; a later hpo.narrowing.at, a longer budget or more rows "
+                "per step would inform it)") if snr < 1 else ""
         log(f"narrowing at step {step} ({fraction:.0%} of the budget): kept {[a.index for a in kept]}, "
-            f"released {[a.index for a in dropped]}")
+            f"released {[a.index for a in dropped]}; ranking signal-to-noise {snr:.2f}{hint}")
     return list(kept), result
 
 

@@ -21,7 +21,8 @@ def _env(tok, digits=(1, 1)):
 
 
 def _run(ckpt=None, resume=False, callbacks=(), n=4, max_steps=6, narrowing=None, fitness="last", mutation=None,
-         evaluation_interval=2, evo_steps=2, cache_dir=None, protect_default=0.0, lr_range=(1e-4, 1e-2)):
+         evaluation_interval=2, evo_steps=2, cache_dir=None, protect_default=0.0, lr_range=(1e-4, 1e-2),
+         verbose=False):
     from evollm.recipes.warm_start import load_tiny_model
 
     torch.manual_seed(0)
@@ -30,13 +31,21 @@ def _run(ckpt=None, resume=False, callbacks=(), n=4, max_steps=6, narrowing=None
     pop = make_grpo(model, tok, n=n, hp_config=hp)
     return finetune_llm_reasoning(
         pop, _env(tok, (1, 2) if cache_dir else (1, 1)), max_steps=max_steps, evaluation_interval=evaluation_interval, evo_steps=evo_steps,
-        verbose=False, seed=0,
+        verbose=verbose, seed=0,
         tournament=TournamentSelection(2, True, n, fitness=fitness, rand_seed=0, protect_default=protect_default)
         if evo_steps else None,
         mutation=(mutation or Mutations(no_mutation=0.0, rl_hp=1.0, rand_seed=0)) if evo_steps else None,
         narrowing=narrowing,
         callbacks=callbacks, checkpoint_dir=ckpt, checkpoint_every=1 if ckpt else None, keep_checkpoints=2,
         resume=resume)
+
+
+def test_a_narrowing_says_how_informed_its_ranking_was(capsys):
+    _, record = _run(narrowing=Narrowing(at=(0.3,), keep=0.5, min_size=2), verbose=True)
+    snr = record.selections().query("kind == 'narrowing'").iloc[0]["snr"]
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("narrowing at step"))
+    assert f"ranking signal-to-noise {snr:.2f}" in line
+    assert ("mostly noise" in line) == (snr < 1)
 
 
 def test_narrowing_releases_the_worst_members_and_records_them():
