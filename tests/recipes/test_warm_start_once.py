@@ -40,7 +40,8 @@ def test_a_resumed_game_run_does_not_evaluate_the_base_again(tmp_path, monkeypat
 
     monkeypatch.setattr(runners, "evaluate_episodes", fake_evaluate)
     monkeypatch.setattr(runners, "success_rate", lambda episodes: 1.0)
-    monkeypatch.setattr(runners, "finetune_llm_multiturn", lambda members, *a, **k: (members, None))
+    record = SimpleNamespace(best=lambda: member, kept=None)  # the run's record names the best member
+    monkeypatch.setattr(runners, "finetune_llm_multiturn", lambda members, *a, **k: (members, record))
     tok = build_tokenizer()
     first = runners.run_multiturn(cfg, [member], tok, LoopSettings(resume=False), None, None, [])
     assert evaluated == [4] and first["initial_fitness"] == 0.5
