@@ -107,10 +107,10 @@ def test_protect_default_needs_training_reward_ranking():
     base = {"algorithm": {"name": "GRPO", "population_size": 4}, "train": {"evo_steps": 10},
             "task": {"name": "arithmetic"}}
     assert RunConfig.from_dict(base).hpo.selection.build(4, 0).protect_default == 0.0  # off by default
-    on = {**base, "hpo": {"selection": {"protect_default": 2.0}}}
+    on = {**base, "hpo": {"selection": {"fitness": "train", "protect_default": 2.0}}}
     assert RunConfig.from_dict(on).hpo.selection.build(4, 0).protect_default == 2.0
-    with pytest.raises(ConfigError, match="hpo.selection: protect_default"):
-        RunConfig.from_dict({**base, "hpo": {"selection": {"fitness": "last", "protect_default": 1.0}}})
+    with pytest.raises(ConfigError, match="hpo.selection: protect_default .* needs fitness='train'"):
+        RunConfig.from_dict({**base, "hpo": {"selection": {"protect_default": 1.0}}})  # the default ranking: last
 
 
 def test_a_parameter_knows_what_it_contains():
