@@ -134,14 +134,15 @@ def run_multiturn(cfg, members, tokenizer, settings: LoopSettings, selection, mu
     if dist.is_main_process():
         print(f"warm start: success {initial_success:.3f}, mean return {initial:.3f} on {eval_n} fixed greedy "
               "episodes" + (" (measured when the run started)" if settings.resume else ""))
-    successes: dict[int, float] = {}
+    successes: dict[int, float] = {}  # each member's latest success rate
+    successes_at: dict[tuple[int, int], float] = {}  # by (step, member): the kept best state's (train.keep_best)
 
     def log(step, agents, episodes):  # multi-process: equal shares of the seeds, so the mean of the rates
         rates = [success_rate(episodes[a.index]) for a in agents]
         if dist.is_distributed():
             rates = dist.all_reduce_mean(rates).tolist()
         successes.update({a.index: r for a, r in zip(agents, rates)})
-        successes.update({(step, a.index): r for a, r in zip(agents, rates)})
+        successes_at.update({(step, a.index): r for a, r in zip(agents, rates)})
         if settings.verbose and dist.is_main_process():
             tqdm.write(f"step {step:>5}  success " + " ".join(f"{successes[a.index]:.3f}" for a in agents))
 
@@ -151,7 +152,7 @@ def run_multiturn(cfg, members, tokenizer, settings: LoopSettings, selection, mu
     best, measured = best_and_origin(population)
     return {"agents": agents, "population": population, "initial_fitness": initial,
             "final_fitness": best.fitness[-1], "initial_success": initial_success,
-            "final_success": successes.get(measured if measured else best.index, math.nan)}
+            "final_success": successes_at.get(measured, math.nan) if measured else successes.get(best.index, math.nan)}
 
 
 # --------------------------------------------------------------------------- IPPO teams
@@ -184,13 +185,13 @@ def run_team(cfg, teams, tokenizer, settings: LoopSettings, selection, mutation,
     say = print if dist.is_main_process() else (lambda *a, **k: None)
     say(f"warm start: joint reward {initial:.3f}, joint success {initial_success:.3f} on {len(task.eval_rows)} "
         "fixed greedy episodes" + (" (measured when the run started)" if settings.resume else ""))
-    report = {}
+    report, report_at = {}, {}  # each team's latest joint success; by (step, team) for a kept best state
 
     class _Success(Callback):
         def on_evaluation(self, state, fitness):
             rows = state.record.rows[-len(state.agents):]
             report.update({r["member"]: r.get("success", math.nan) for r in rows})
-            report.update({(r["step"], r["member"]): r.get("success", math.nan) for r in rows})
+            report_at.update({(r["step"], r["member"]): r.get("success", math.nan) for r in rows})
             if settings.verbose:
                 say(f"step {state.step:>5}  joint success " + " ".join(f"{report[t.index]:.3f}" for t in state.agents))
 
@@ -198,8 +199,8 @@ def run_team(cfg, teams, tokenizer, settings: LoopSettings, selection, mutation,
                                        callbacks=[_Success(), *callbacks])
     best, measured = best_and_origin(population)
     return {"agents": agents, "population": population, "initial_fitness": initial, "final_fitness": best.fitness[-1],
-            "initial_success": initial_success, "final_success": report.get(measured if measured else best.index,
-                                                                            math.nan)}
+            "initial_success": initial_success,
+            "final_success": report_at.get(measured, math.nan) if measured else report.get(best.index, math.nan)}
 
 
 def best_and_origin(population) -> tuple:

@@ -27,6 +27,7 @@ hpo:
   hp_config: {{lr: {{min: 1e-4, max: 1e-2, log: true}}}}
   mutation: {{no_mutation: 0.0, rl_hp: 1.0}}
   selection: {{type: tournament, tournament_size: 2}}
+  narrowing: {{at: []}}  # three members evolve to the end: steps long enough to be killed in
 train: {{max_steps: 8, evaluation_interval: 2, evo_steps: 4, checkpoint_every: 1, keep_checkpoints: 2}}
 """
 
