@@ -281,9 +281,10 @@ class AlgorithmSection(Section):
     hyperparameters: dict[str, Any] = option({}, "Fields of the algorithm's config dataclass (e.g. GRPOConfig: lr, "
                                              "group_size, beta, clip_coef, temperature, ...).")
     init_sampler: str | None = option("qmc", "Draw each founder's hpo.hp_config values with this sampler "
-                                      "(scrambled-Sobol 'qmc' by default; null: identical founders). A value "
+                                      "(scrambled-Sobol 'qmc' by default; 'lhs': a centred Latin hypercube, one founder in "
+                                      "each n-th of every range; null: identical founders). A value "
                                       "set in algorithm.hyperparameters is kept for every founder.",
-                                      choices=("random", "qmc", "tpe"), when={"population_size": lambda n: n > 1})
+                                      choices=("lhs", "qmc", "random", "tpe"), when={"population_size": lambda n: n > 1})
     default_founder: bool = option(True, "The first founder keeps the starting hyperparameters (those set here, else "
                                    "the algorithm's defaults) instead of a draw, when they lie inside hpo.hp_config's "
                                    "ranges: the population holds the run you would get without a search.",

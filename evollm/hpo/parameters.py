@@ -133,6 +133,24 @@ class RLParameter:
             return self.clamp(math.exp(rng.uniform(math.log(self.min), math.log(self.max))))
         return self.clamp(rng.uniform(self.min, self.max))
 
+    def from_unit(self, u: float) -> Any:
+        """The value at quantile ``u`` in ``[0, 1)`` of the distribution :meth:`sample` draws from.
+
+        ``from_unit(rng.uniform())`` is a draw like :meth:`sample`'s; a point of a design on the unit
+        cube (e.g. a Latin hypercube) maps to founders spread over the range the same way.
+        """
+        u = min(max(float(u), 0.0), math.nextafter(1.0, 0.0))
+        if self.is_categorical:
+            return self.choices[int(u * len(self.choices))]
+        if self.dtype is int:
+            if self.log:
+                x = math.exp(math.log(self.min) + u * (math.log(self.max + 1) - math.log(self.min)))
+                return self.clamp(math.floor(x + 1e-9))  # exp(log) round-off: 7.99999... at the quantile of 8
+            return self.clamp(self.min + math.floor(u * (self.max - self.min + 1)))
+        if self.log:
+            return self.clamp(math.exp(math.log(self.min) + u * (math.log(self.max) - math.log(self.min))))
+        return self.clamp(self.min + u * (self.max - self.min))
+
     def mutate(self, value: Any, rng: np.random.Generator,
                explore_prob: float = 0.0) -> tuple[Any, bool]:
         """Return ``(new_value, explored)``; ``new_value != value`` whenever the range allows it.
@@ -292,6 +310,12 @@ class HyperparameterConfig:
     def sample(self, rng: np.random.Generator) -> dict[str, Any]:
         """Draw one value per parameter with :meth:`RLParameter.sample`."""
         return {name: param.sample(rng) for name, param in self._params.items()}
+
+    def from_unit(self, point) -> dict[str, Any]:
+        """One value per parameter (in order) at the quantiles ``point`` (see :meth:`RLParameter.from_unit`)."""
+        if len(point) != len(self._params):
+            raise ValueError(f"a point of {len(point)} coordinates for {len(self._params)} parameters")
+        return {name: p.from_unit(u) for (name, p), u in zip(self._params.items(), point)}
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         """JSON-friendly representation; inverse of :meth:`from_dict`."""

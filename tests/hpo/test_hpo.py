@@ -365,6 +365,7 @@ def _check_draws(cfg, draws, n):
     lambda: optuna.samplers.QMCSampler(seed=0),
     lambda: optuna.samplers.TPESampler(seed=0),
     lambda: "qmc",
+    lambda: "lhs",
     lambda: None,
 ])
 def test_initial_population_hyperparameters(make):
