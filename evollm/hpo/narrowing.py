@@ -99,6 +99,22 @@ class Narrowing:
         best = {id(a) for a in sorted(population, key=key)[:size]}
         return [a for a in population if id(a) in best], [a for a in population if id(a) not in best]
 
+    @staticmethod
+    def tied_at_cut(kept_scores: Sequence[float], dropped_scores: Sequence[float]) -> bool:
+        """Whether a cut fell between equal scores: the worst kept member scored exactly what the best
+        dropped one did, so the tie rule (the lower id), not the measurement, chose between them.
+
+        >>> Narrowing.tied_at_cut([0.25, 0.25], [0.25, 0.25])  # every member alike: no information
+        True
+        >>> Narrowing.tied_at_cut([0.44, 0.25], [0.25, 0.20])
+        True
+        >>> Narrowing.tied_at_cut([0.44, 0.30], [0.25, 0.25])
+        False
+        """
+        kept = [s for s in kept_scores if not math.isnan(s)]
+        dropped = [s for s in dropped_scores if not math.isnan(s)]
+        return bool(kept and dropped) and min(kept) == max(dropped)
+
     def state_dict(self) -> dict:
         """Milestones passed and budget seconds spent (JSON)."""
         return {"passed": self.passed, "elapsed_s": self.elapsed_s}

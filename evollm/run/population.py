@@ -113,10 +113,10 @@ class Population:
         self.members = list(result.population)
 
     def record_narrowing(self, result, step: int, fraction: float, stderr: dict[int, float] | None = None,
-                         source: str = "last") -> None:
+                         source: str = "last", tied: bool | None = None) -> None:
         """A narrowing of the population (``result.dropped`` released for good, ``result.population``
-        kept as they are) at ``fraction`` of the budget."""
-        self._selection_row("narrowing", result, step, stderr, source, budget_fraction=float(fraction))
+        kept as they are) at ``fraction`` of the budget; ``tied``: the cut fell between equal scores."""
+        self._selection_row("narrowing", result, step, stderr, source, budget_fraction=float(fraction), tied=tied)
         self.members = list(result.population)
 
     def _selection_row(self, kind: str, result, step: int, stderr: dict[int, float] | None, source: str,
@@ -135,7 +135,7 @@ class Population:
                                    if int(a.index) not in kept),
                "scores": " ".join(f"{k}:{v:.4g}" for k, v in scores.items()),
                "protected": " ".join(str(int(i)) for i in getattr(result, "protected", None) or []),
-               "budget_fraction": math.nan}
+               "budget_fraction": math.nan, "tied": None}
         row.update(extra)
         self.selection_rows.append(row)
 
@@ -188,7 +188,8 @@ class Population:
         beats noise: ``spread`` (standard deviation of the scores between members), ``stderr`` (root
         mean square of their standard errors) and
         ``snr = spread / stderr`` (below about 1 the ranking is mostly noise), ``budget_fraction``
-        (narrowings)."""
+        and ``tied`` (narrowings: whether the cut fell between equal scores, so that the tie rule, the
+        lower id, chose which members went on)."""
         return typed(pd.DataFrame(self.selection_rows), SELECTION_DTYPES)
 
     def lineage(self) -> pd.DataFrame:
@@ -272,7 +273,7 @@ COST_COLUMNS = ("time_generate_s", "time_learn_s", "time_eval_s", "gen_tokens", 
 SELECTION_DTYPES = {"step": "int64", "generation": "int64", "kind": "string", "source": "string",
                     "size_before": "int64", "size_after": "int64", "best": "Int64", "spread": "float64",
                     "stderr": "float64", "snr": "float64", "kept": "string", "dropped": "string",
-                    "scores": "string", "protected": "string", "budget_fraction": "float64"}
+                    "scores": "string", "protected": "string", "budget_fraction": "float64", "tied": "boolean"}
 METRICS_DTYPES = {"step": "int64", "generation": "int64", "member": "int64", "gen_tokens": "Int64"}
 
 

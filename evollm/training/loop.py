@@ -216,15 +216,17 @@ def narrow_population(agents: list, narrowing, step: int, max_steps: int, max_ti
     result = SelectionResult(elite=None, population=list(kept), dropped=list(dropped), scores=scores,
                              best_index=int(best.index), protected=protected)
     stderr = {int(a.index): _stderr(tournament, a, record) for a in agents}
-    record.record_narrowing(result, step, fraction, stderr, source=getattr(tournament, "fitness", "last"))
+    tied = narrowing.tied_at_cut([ranks[int(a.index)] for a in kept], [ranks[int(a.index)] for a in dropped])
+    record.record_narrowing(result, step, fraction, stderr, source=getattr(tournament, "fitness", "last"), tied=tied)
     for agent in dropped:
         agent.release()
     if log is not None:
         snr = record.selection_rows[-1]["snr"]
         hint = (" (below 1: the ranking was mostly noise; a later hpo.narrowing.at, a longer budget or more rows "
                 "per step would inform it)") if snr < 1 else ""
+        tie = "; the cut fell between equal scores: the lower ids were kept (the default founder first)" if tied else ""
         log(f"narrowing at step {step} ({fraction:.0%} of the budget): kept {[a.index for a in kept]}, "
-            f"released {[a.index for a in dropped]}; ranking signal-to-noise {snr:.2f}{hint}")
+            f"released {[a.index for a in dropped]}; ranking signal-to-noise {snr:.2f}{hint}{tie}")
     return list(kept), result
 
 

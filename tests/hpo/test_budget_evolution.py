@@ -197,3 +197,11 @@ def test_default_search_space_is_the_lora_learning_rate():
     assert default_hp_config(GRPO.MUTABLE, fixed={"lr"}) is None
     for name, spec in DEFAULT_RANGES.items():
         RLParameter(**spec)  # every default range is a valid parameter
+
+
+def test_a_cut_between_equal_scores_is_called_tied():
+    assert Narrowing.tied_at_cut([0.25, 0.25], [0.25, 0.25])       # every member alike: no information
+    assert Narrowing.tied_at_cut([0.44, 0.25], [0.25, 0.20])       # the boundary itself is a tie
+    assert not Narrowing.tied_at_cut([0.44, 0.30], [0.25, 0.25])   # ties below the cut do not matter
+    assert not Narrowing.tied_at_cut([0.3, float("nan")], [float("nan")])  # quarantined members are not scores
+    assert not Narrowing.tied_at_cut([0.3], [])

@@ -48,6 +48,21 @@ def test_a_narrowing_says_how_informed_its_ranking_was(capsys):
     assert ("mostly noise" in line) == (snr < 1)
 
 
+def test_a_narrowing_says_when_its_cut_fell_between_equal_scores(capsys):
+    """The untrained tiny model answers none of the test questions: every member's fitness is 0, the cut
+    is decided by the tie rule (lower ids), and the record and the log say so."""
+    _, record = _run(narrowing=Narrowing(at=(0.3,), keep=0.5, min_size=2), verbose=True)
+    row = record.selections().query("kind == 'narrowing'").iloc[0]
+    scores = {int(k): float(v) for k, v in (kv.split(":") for kv in row["scores"].split())}
+    kept, dropped = [int(i) for i in row["kept"].split()], [int(i) for i in row["dropped"].split()]
+    assert row["tied"] == (min(scores[k] for k in kept) == max(scores[d] for d in dropped))
+    assert row["tied"] and len(set(scores.values())) == 1  # this run: every score alike
+    assert kept == sorted(scores)[:2]
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("narrowing at step"))
+    assert "the cut fell between equal scores" in line
+    assert record.selections().query("kind == 'selection'")["tied"].isna().all()  # tournaments: not told
+
+
 def test_narrowing_releases_the_worst_members_and_records_them():
     agents, record = _run(narrowing=Narrowing(at=(0.3,), keep=0.5, min_size=2))
     assert len(agents) == 2
