@@ -72,6 +72,7 @@ class Recorder:
         self.evaluations: list[dict] = []
         self.snapshots: dict[str, list] = {}
         self.steps_before = 0  # steps of the earlier trials of a tuner arm
+        self.extra_callbacks: list = []  # the single-run and population arms' (--lr-decay)
 
     def keep(self, key: str, agent) -> str:
         self.snapshots[key] = snapshot(agent)
@@ -247,7 +248,7 @@ def run_population(task, cfg, rec: Recorder, mutate: bool, evo_set: list[str] = 
     try:
         task.train(members, seed=cfg.seed, max_steps=FOREVER, evaluation_interval=cfg.train.evaluation_interval,
                    evo_steps=cfg.train.evo_steps, tournament=selection, mutation=mutation,
-                   callbacks=[rec.callback(recommend)], **budget_kwargs(cfg, rec.clock.budget))
+                   callbacks=[rec.callback(recommend)] + rec.extra_callbacks, **budget_kwargs(cfg, rec.clock.budget))
     except OutOfBudget:
         pass
     return {"founders": founders, "population_size": len(members), "evo_steps": cfg.train.evo_steps,
@@ -261,7 +262,7 @@ def run_single(task, cfg, rec: Recorder, fixed: dict | None = None) -> dict:
     agent = members_of(cfg, task, None)[0]
     try:
         task.train([agent], seed=cfg.seed, max_steps=FOREVER, evaluation_interval=cfg.train.evaluation_interval,
-                   callbacks=[rec.callback(library_best)], **keep_best_kwargs(cfg))
+                   callbacks=[rec.callback(library_best)] + rec.extra_callbacks, **keep_best_kwargs(cfg))
     except OutOfBudget:
         pass
     return {"hyperparameters": hps(agent), "fixed": fixed or {}}
@@ -316,8 +317,35 @@ def run_trials(task, cfg, rec: Recorder, sampler: str, trial_steps: int, startup
             "space": {k: str(v) for k, v in distributions.items()}}
 
 
+def decay_multiplier(kind: str, fraction: float, floor: float) -> float:
+    """The factor on every learning rate at ``fraction`` of the budget (``--lr-decay``): from 1 down to
+    ``floor`` at the end, linearly or along a half cosine."""
+    f = min(max(fraction, 0.0), 1.0)
+    shape = 1.0 - f if kind == "linear" else 0.5 * (1.0 + math.cos(math.pi * f))
+    return floor + (1.0 - floor) * shape
+
+
+def lr_decay_callback(clock: Clock, kind: str, floor: float):
+    """An experiment, not a library option: after every step (selection and mutation included) each
+    member's optimizer groups take the member's own (evolving) learning rate times
+    :func:`decay_multiplier` of the CPU budget spent, in the population and single-run arms alike."""
+    from evollm.training.callbacks import Callback
+
+    class _Decay(Callback):
+        def on_step_complete(self, state):
+            m = decay_multiplier(kind, clock.cpu() / clock.budget, floor)
+            for agent in state.agents:
+                c = agent.config
+                base = {"actor": getattr(c, "lr_actor", c.lr), "critic": getattr(c, "lr_critic", None)}
+                for group in agent.optimizer.param_groups:
+                    group["lr"] = base[group["name"]] * m
+    return _Decay()
+
+
 def run_arm(arm: str, task, cfg, clock: Clock, args) -> tuple[dict, Recorder]:
     rec = Recorder(clock)
+    if getattr(args, "lr_decay", None):
+        rec.extra_callbacks.append(lr_decay_callback(clock, args.lr_decay, args.lr_floor))
     if arm == "evollm":
         out = run_population(task, cfg, rec, mutate=True, evo_set=args.evo_set)
     elif arm == "no_mutation":

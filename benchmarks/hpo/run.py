@@ -223,6 +223,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="held-out report items (single-turn: cut from task.n_test, default half; games: seeds)")
     p.add_argument("--arms", nargs="+", default=list(BASE_ARMS), choices=BASE_ARMS)
     p.add_argument("--skip", nargs="*", default=[], help="arms to leave out (e.g. grid)")
+    p.add_argument("--lr-decay", choices=("cosine", "linear"), default=None,
+                   help="an experiment: decay every learning rate over the budget to --lr-floor of it (the "
+                   "population and single-run arms; the tuners' trials keep theirs)")
+    p.add_argument("--lr-floor", type=float, default=0.1, help="the --lr-decay factor at the end of the budget")
     p.add_argument("--jobs", type=int, default=2, help="worker processes at a time")
     p.add_argument("--out", default="benchmarks/results/hpo", help="OUT.json, OUT.png, OUT.md")
     p.add_argument("--parts-dir", default=None, help="where each run's JSON is kept (default under /tmp)")
@@ -236,6 +240,7 @@ def main(argv: list[str] | None = None) -> int:
                         "--checkpoints", str(args.checkpoints), "--trial-steps", str(args.trial_steps),
                         "--tpe-startup", str(args.tpe_startup)] + \
         (["--report-size", str(args.report_size)] if args.report_size else []) + \
+        (["--lr-decay", args.lr_decay, "--lr-floor", str(args.lr_floor)] if args.lr_decay else []) + \
         [x for s in args.set for x in ("--set", s)] + [x for s in args.evo_set for x in ("--evo-set", s)]
     return worker(args) if args.worker else driver(args)
 

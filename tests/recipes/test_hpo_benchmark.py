@@ -89,3 +89,12 @@ def test_summary_pairs_every_arm_with_evollm(result):
             ours = doc["runs"][[r["arm"] for r in doc["runs"]].index("evollm")]["checkpoints"][-1]["score"]
             assert math.isfinite(diff) and -1.0 <= diff <= 1.0 and math.isfinite(ours)
     assert doc["report_set_se"] >= 0.0  # the standard error of one report evaluation (0 when all scores agree)
+
+
+def test_the_lr_decay_experiment_by_hand():
+    from benchmarks.hpo.arms import decay_multiplier
+    assert decay_multiplier("cosine", 0.0, 0.1) == pytest.approx(1.0)
+    assert decay_multiplier("cosine", 0.5, 0.1) == pytest.approx(0.55)      # half way down the half cosine
+    assert decay_multiplier("cosine", 1.0, 0.1) == pytest.approx(0.1)
+    assert decay_multiplier("linear", 0.25, 0.0) == pytest.approx(0.75)
+    assert decay_multiplier("linear", 1.7, 0.2) == pytest.approx(0.2)       # past the budget: the floor
