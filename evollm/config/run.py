@@ -49,6 +49,12 @@ SINGLE_TURN_TASKS = ("arithmetic", "dataset")
 TEAM_TASKS = ("relay_sum",)  # cooperative tasks for IPPO teams (env.type: team)
 
 
+def _sampler_names() -> list[str]:
+    """The founders' samplers ``algorithm.init_sampler`` may name (imported when a config is checked)."""
+    from evollm.hpo.optuna_utils import SAMPLER_NAMES
+    return list(SAMPLER_NAMES)
+
+
 def algorithm_class(name: str):
     """The agent class registered under ``name`` (see :data:`ALGORITHMS`)."""
     if name not in ALGORITHMS:
@@ -284,7 +290,7 @@ class AlgorithmSection(Section):
                                       "(scrambled-Sobol 'qmc' by default; 'lhs': a centred Latin hypercube, one founder in "
                                       "each n-th of every range; null: identical founders). A value "
                                       "set in algorithm.hyperparameters is kept for every founder.",
-                                      choices=("lhs", "qmc", "random", "tpe"), when={"population_size": lambda n: n > 1})
+                                      choices=lambda: _sampler_names(), when={"population_size": lambda n: n > 1})
     default_founder: bool = option(True, "The first founder keeps the starting hyperparameters (those set here, else "
                                    "the algorithm's defaults) instead of a draw, when they lie inside hpo.hp_config's "
                                    "ranges: the population holds the run you would get without a search.",

@@ -11,9 +11,9 @@ from typing import Any, Optional, Union
 
 import numpy as np
 import optuna
-from scipy.stats import qmc
 from optuna.distributions import (BaseDistribution, CategoricalDistribution,
                                   FloatDistribution, IntDistribution)
+from scipy.stats import qmc
 
 from evollm.hpo.parameters import HyperparameterConfig, RLParameter
 
@@ -25,7 +25,8 @@ _SAMPLERS_BY_NAME = {
 
 
 LHS = "lhs"
-SAMPLER_NAMES = ("lhs", "qmc", "random", "tpe")
+#: every sampler a name gives: the centred Latin hypercube and Optuna's
+SAMPLER_NAMES = (LHS, *sorted(_SAMPLERS_BY_NAME))
 
 
 def latin_hypercube(n: int, d: int, seed: Optional[int] = None) -> np.ndarray:
