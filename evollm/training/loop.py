@@ -224,7 +224,7 @@ def narrow_population(agents: list, narrowing, step: int, max_steps: int, max_ti
         snr = record.selection_rows[-1]["snr"]
         hint = (" (below 1: the ranking was mostly noise; a later hpo.narrowing.at, a longer budget or more rows "
                 "per step would inform it)") if snr < 1 else ""
-        tie = "; the cut fell between equal scores: the lower ids were kept (the default founder first)" if tied else ""
+        tie = "; the cut fell between equal scores: the tie rule kept the lower ids" if tied else ""
         log(f"narrowing at step {step} ({fraction:.0%} of the budget): kept {[a.index for a in kept]}, "
             f"released {[a.index for a in dropped]}; ranking signal-to-noise {snr:.2f}{hint}{tie}")
     return list(kept), result

@@ -40,25 +40,21 @@ def _run(ckpt=None, resume=False, callbacks=(), n=4, max_steps=6, narrowing=None
         resume=resume)
 
 
-def test_a_narrowing_says_how_informed_its_ranking_was(capsys):
+def test_a_narrowing_says_how_informed_its_ranking_was_and_when_its_cut_fell_between_equal_scores(capsys):
+    """The log gives the ranking's signal-to-noise. The untrained tiny model answers none of the test
+    questions: every member's fitness is 0, the cut is decided by the tie rule (lower ids), and the record
+    and the log say so."""
     _, record = _run(narrowing=Narrowing(at=(0.3,), keep=0.5, min_size=2), verbose=True)
     snr = record.selections().query("kind == 'narrowing'").iloc[0]["snr"]
     line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("narrowing at step"))
     assert f"ranking signal-to-noise {snr:.2f}" in line
     assert ("mostly noise" in line) == (snr < 1)
-
-
-def test_a_narrowing_says_when_its_cut_fell_between_equal_scores(capsys):
-    """The untrained tiny model answers none of the test questions: every member's fitness is 0, the cut
-    is decided by the tie rule (lower ids), and the record and the log say so."""
-    _, record = _run(narrowing=Narrowing(at=(0.3,), keep=0.5, min_size=2), verbose=True)
     row = record.selections().query("kind == 'narrowing'").iloc[0]
     scores = {int(k): float(v) for k, v in (kv.split(":") for kv in row["scores"].split())}
     kept, dropped = [int(i) for i in row["kept"].split()], [int(i) for i in row["dropped"].split()]
     assert row["tied"] == (min(scores[k] for k in kept) == max(scores[d] for d in dropped))
     assert row["tied"] and len(set(scores.values())) == 1  # this run: every score alike
     assert kept == sorted(scores)[:2]
-    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("narrowing at step"))
     assert "the cut fell between equal scores" in line
     assert record.selections().query("kind == 'selection'")["tied"].isna().all()  # tournaments: not told
 
