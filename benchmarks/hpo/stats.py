@@ -64,6 +64,17 @@ def first_reach(c: list, target: float) -> float | None:
     return None
 
 
+def half_checkpoint(checkpoints: int) -> int:
+    """Index of the last checkpoint at or before half the budget (``-1``: none). With an even number of
+    checkpoints it is the one at exactly 1/2; with an odd number it comes earlier (3: the one at 1/3), so
+    the half-budget question is then answered only where the score there already reaches the target.
+
+    >>> half_checkpoint(4), half_checkpoint(3), half_checkpoint(1)
+    (1, 0, -1)
+    """
+    return checkpoints // 2 - 1
+
+
 def summarise(runs: list[dict], checkpoints: int) -> dict:
     arms = arm_runs(runs, checkpoints)
     grid_choice = arms.pop("_grid_choice", None)
@@ -83,12 +94,19 @@ def summarise(runs: list[dict], checkpoints: int) -> dict:
         if default:
             reach = [first_reach(seeds[s], default[s][-1]) for s in seeds if s in default and default[s][-1] is not None]
             row["to_default_final"] = reach
-            half = len(default[next(iter(default))]) // 2
-            diffs = [seeds[s][half - 1] - default[s][-1] for s in seeds if s in default and half >= 1
-                     and seeds[s][half - 1] is not None and default[s][-1] is not None]
+            half = half_checkpoint(checkpoints)
+            diffs = [seeds[s][half] - default[s][-1] for s in seeds if s in default and half >= 0
+                     and seeds[s][half] is not None and default[s][-1] is not None]
             row["half_minus_default_final"] = mean_se(diffs)
         rows[arm] = row
-    return {"arms": rows, "grid_choice": grid_choice}
+    half = half_checkpoint(checkpoints)
+    return {"arms": rows, "grid_choice": grid_choice, "half_fraction": (half + 1) / checkpoints if half >= 0 else None}
+
+
+def half_label(summary: dict) -> str:
+    """What the half-budget column measures: "1/2", or the earlier checkpoint it falls back to."""
+    f = summary.get("half_fraction")
+    return "1/2" if f == 0.5 else f"{f:.2g} (no checkpoint at 1/2)" if f else "1/2"
 
 
 def table(summary: dict, checkpoints: int) -> str:
@@ -97,7 +115,7 @@ def table(summary: dict, checkpoints: int) -> str:
     head = ("| arm | seeds | held-out score at " + ", ".join(fr[k] for k in show) + " of the budget (mean ± se) "
             "| evollm − arm, final (paired mean ± se) | evollm ahead / behind / seeds "
             "| reaches the default's final score (seeds; median fraction of the budget) "
-            "| score at 1/2 budget − default's final (paired) |")
+            f"| score at {half_label(summary)} of the budget − default's final (paired) |")
     lines = [head, "|---|---|---|---|---|---|---|"]
     for arm, row in summary["arms"].items():
         name = NAMES.get(arm, arm) + (f" [{summary['grid_choice'].split(':', 1)[1]}]" if arm == "grid_best" else "")
@@ -124,9 +142,12 @@ def verdict(summary: dict) -> str:
                  f"{NAMES[a]} ({fmt_diff(*arms[a]['evollm_minus_arm'])})" for a in behind))]
     half = arms["evollm"].get("half_minus_default_final")
     if half is not None and not math.isnan(half[0]):
+        exact = summary.get("half_fraction", 0.5) == 0.5
+        answer = ("**yes**" if half[0] >= 0 else "**no**" if exact else
+                  "**not measured** (behind at the earlier checkpoint; an even --checkpoints puts one at 1/2)")
         lines.append("- evollm reaches the default run's final score in at most half the default's compute "
-                     f"(score at 1/2 budget − default's final, paired: {fmt_diff(*half)}): "
-                     + ("**yes**" if half[0] >= 0 else "**no**"))
+                     f"(score at {half_label(summary)} of the budget − default's final, paired: {fmt_diff(*half)}): "
+                     + answer)
     if "grid_best" in arms and "evollm_minus_arm" in arms["grid_best"]:
         lines.append(f"- context: evollm − the best grid point ({summary['grid_choice'].split(':', 1)[1]}): "
                      f"{fmt_diff(*arms['grid_best']['evollm_minus_arm'])}")

@@ -98,3 +98,27 @@ def test_the_lr_decay_experiment_by_hand():
     assert decay_multiplier("cosine", 1.0, 0.1) == pytest.approx(0.1)
     assert decay_multiplier("linear", 0.25, 0.0) == pytest.approx(0.75)
     assert decay_multiplier("linear", 1.7, 0.2) == pytest.approx(0.2)       # past the budget: the floor
+
+
+def _run(arm, seed, scores):
+    k = len(scores)
+    return {"arm": arm, "seed": seed, "checkpoints": [{"fraction": (i + 1) / k, "score": s} for i, s in enumerate(scores)]}
+
+
+def test_the_half_budget_target_is_judged_at_half_the_budget_or_said_not_measured():
+    from benchmarks.hpo import stats
+    assert [stats.half_checkpoint(k) for k in (1, 2, 3, 4, 6, 8)] == [-1, 0, 0, 1, 2, 3]
+    # four checkpoints: the second is at 1/2; evollm 0.5 there against the default's final 0.6 -> no
+    runs = [_run("evollm", 0, [0.3, 0.5, 0.7, 0.8]), _run("default", 0, [0.2, 0.4, 0.5, 0.6])]
+    summary = stats.summarise(runs, 4)
+    assert summary["half_fraction"] == 0.5
+    assert summary["arms"]["evollm"]["half_minus_default_final"][0] == pytest.approx(-0.1)
+    assert "score at 1/2 of the budget" in stats.verdict(summary) and stats.verdict(summary).endswith("**no**")
+    # three checkpoints: none at 1/2; behind at 1/3 is not a "no" ...
+    runs = [_run("evollm", 0, [0.3, 0.7, 0.8]), _run("default", 0, [0.2, 0.5, 0.6])]
+    summary = stats.summarise(runs, 3)
+    assert summary["half_fraction"] == pytest.approx(1 / 3)
+    assert "**not measured**" in stats.verdict(summary) and "0.33 (no checkpoint at 1/2)" in stats.table(summary, 3)
+    # ... and ahead at 1/3 is a "yes": the default's final score was reached before half the budget
+    runs = [_run("evollm", 0, [0.65, 0.7, 0.8]), _run("default", 0, [0.2, 0.5, 0.6])]
+    assert "**yes**" in stats.verdict(stats.summarise(runs, 3)).splitlines()[1]
