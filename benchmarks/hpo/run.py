@@ -53,21 +53,30 @@ def worker(args) -> int:
     return 0
 
 
-def run_one(task, cfg, arm: str, seed: int, path: Path, setup: dict, args) -> None:
-    import torch
+def start_run(task, cfg, seed: int, setup: dict):
+    """The run's config (its seed set) and the base model's report score, with every random generator
+    seeded last: a run starts from the same state whether or not it is its worker's first (whose base
+    model's evaluation builds an adapter, drawing from torch's generator)."""
+    from transformers import set_seed
 
-    from .arms import Clock, run_arm, with_overrides
+    from .arms import with_overrides
     from .task import mean_se
 
     seed_overrides = [f"seed={seed}"] + ([f"task.seed={int(cfg.seed)}"] if task.kind == "reasoning" else [])
     cfg = with_overrides(cfg, seed_overrides)
     task.new_run()
-    torch.manual_seed(seed)
     if "initial" not in setup:  # the base model's report score: the same for every run of this process
         base = _base_member(task, cfg)
         setup["initial"] = dict(zip(("score", "se"), mean_se(task.report(base))))
         base.release()
-    initial = setup["initial"]
+    set_seed(seed)  # python, numpy and torch
+    return cfg, setup["initial"]
+
+
+def run_one(task, cfg, arm: str, seed: int, path: Path, setup: dict, args) -> None:
+    from .arms import Clock, run_arm
+
+    cfg, initial = start_run(task, cfg, seed, setup)
     clock = Clock(args.budget_cpu_s, args.checkpoints)
     out, rec = run_arm(arm, task, cfg, clock, args)
     cpu_s, wall_s = clock.cpu(), clock.wall()

@@ -122,3 +122,26 @@ def test_the_half_budget_target_is_judged_at_half_the_budget_or_said_not_measure
     # ... and ahead at 1/3 is a "yes": the default's final score was reached before half the budget
     runs = [_run("evollm", 0, [0.65, 0.7, 0.8]), _run("default", 0, [0.2, 0.5, 0.6])]
     assert "**yes**" in stats.verdict(stats.summarise(runs, 3)).splitlines()[1]
+
+
+def test_a_run_starts_from_the_same_random_state_whether_or_not_it_is_its_workers_first(tmp_path):
+    """The first run of a worker also scores the base model (building an adapter draws from torch's
+    generator): the run itself must not depend on it, or a seed's result depends on the job order."""
+    import numpy as np
+    import torch
+
+    from benchmarks.hpo.run import start_run
+    from benchmarks.hpo.task import load_task
+    from evollm.config import RunConfig
+
+    config = tmp_path / "task.yaml"
+    config.write_text(CONFIG)
+    cfg = RunConfig.from_yaml(str(config))
+    task = load_task(cfg, 8)
+    setup: dict = {}
+    start_run(task, cfg, 3, setup)  # the worker's first run: evaluates the base model
+    first = (torch.get_rng_state(), np.random.get_state()[1].copy())
+    assert "initial" in setup
+    torch.manual_seed(123)  # whatever the previous run left
+    start_run(task, cfg, 3, setup)
+    assert torch.equal(first[0], torch.get_rng_state()) and np.array_equal(first[1], np.random.get_state()[1])
