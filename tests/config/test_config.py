@@ -267,7 +267,7 @@ def test_default_search_space_and_named_default_ranges():
     named = load({**EVO, "hpo": {"hp_config": {"beta": {}, "lr": {"min": 1e-4, "max": 1e-3}}}}).hp_config()
     assert (named["beta"].min, named["beta"].max) == (0.0, 0.05) and named["lr"].max == 1e-3
     ppo = load({**GAME, **EVO, "algorithm": {"name": "LLMPPO", "population_size": 2}}).hp_config()
-    assert ppo.names() == ("lr_actor", "lr_critic")
+    assert ppo.names() == ("lr_actor",)
 
 
 def test_budget_options_reach_the_objects():

@@ -192,8 +192,8 @@ def test_default_search_space_is_the_lora_learning_rate():
     hp = default_hp_config(GRPO.MUTABLE)
     assert hp.names() == ("lr",)
     assert (hp["lr"].min, hp["lr"].max, hp["lr"].log) == (1e-5, 1e-3, True)
-    assert default_hp_config(LLMPPO.MUTABLE).names() == ("lr_actor", "lr_critic")
-    assert default_hp_config(LLMPPO.MUTABLE, fixed={"lr"}).names() == ("lr_critic",)
+    assert default_hp_config(LLMPPO.MUTABLE).names() == ("lr_actor",)  # the critic keeps its default rate
+    assert default_hp_config(LLMPPO.MUTABLE, fixed={"lr"}) is None  # lr is lr_actor: nothing left to search
     assert default_hp_config(GRPO.MUTABLE, fixed={"lr"}) is None
     for name, spec in DEFAULT_RANGES.items():
         RLParameter(**spec)  # every default range is a valid parameter
