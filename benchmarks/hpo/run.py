@@ -222,7 +222,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", type=int, default=3, help="number of seeds (first_seed, first_seed+1, ...)")
     p.add_argument("--first-seed", type=int, default=0)
     p.add_argument("--budget-cpu-s", type=float, required=True, help="CPU seconds per arm and seed")
-    p.add_argument("--checkpoints", type=int, default=8, help="report evaluations at k/N of the budget (an even N puts one at half the budget, where the second target is judged)")
+    p.add_argument("--checkpoints", type=int, default=8, help="report evaluations at k/N of the budget (an even N puts one at "
+                   "half the budget, where the second target is judged)")
     p.add_argument("--trial-steps", type=int, default=50, help="steps of one tuner trial (tpe, random)")
     p.add_argument("--tpe-startup", type=int, default=3, help="TPE's random start-up trials")
     p.add_argument("--grid-points", type=int, default=3, help="learning rates of the post-hoc grid, spread over the "

@@ -80,6 +80,7 @@ def summarise(runs: list[dict], checkpoints: int) -> dict:
     grid_choice = arms.pop("_grid_choice", None)
     ref = arms.get("evollm", {})
     default = arms.get("default", {})
+    half = half_checkpoint(checkpoints)
     rows = {}
     for arm in [a for a in ORDER if a in arms] + sorted(a for a in arms if a not in ORDER):
         seeds = arms[arm]
@@ -94,12 +95,10 @@ def summarise(runs: list[dict], checkpoints: int) -> dict:
         if default:
             reach = [first_reach(seeds[s], default[s][-1]) for s in seeds if s in default and default[s][-1] is not None]
             row["to_default_final"] = reach
-            half = half_checkpoint(checkpoints)
             diffs = [seeds[s][half] - default[s][-1] for s in seeds if s in default and half >= 0
                      and seeds[s][half] is not None and default[s][-1] is not None]
             row["half_minus_default_final"] = mean_se(diffs)
         rows[arm] = row
-    half = half_checkpoint(checkpoints)
     return {"arms": rows, "grid_choice": grid_choice, "half_fraction": (half + 1) / checkpoints if half >= 0 else None}
 
 

@@ -67,7 +67,7 @@ def default_range(name: str) -> RLParameter:
 
 def default_hp_config(evolvable: Iterable[str], fixed: Iterable[str] = ()) -> HyperparameterConfig | None:
     """The default search space of an agent that can evolve ``evolvable`` (e.g. ``GRPO.MUTABLE``):
-    its policy's learning rate (:data:`DEFAULT_EVOLVED`) with their LoRA range, except the names in ``fixed``
+    its policy's learning rate (:data:`DEFAULT_EVOLVED`) with its LoRA range, except the names in ``fixed``
     (values the user set: they are kept for every member). ``None`` when nothing is left."""
     evolvable, fixed = set(evolvable), set(fixed)
     names = [n for n in DEFAULT_EVOLVED if n in evolvable]
