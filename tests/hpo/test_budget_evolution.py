@@ -194,6 +194,8 @@ def test_default_search_space_is_the_lora_learning_rate():
     assert (hp["lr"].min, hp["lr"].max, hp["lr"].log) == (1e-5, 1e-3, True)
     assert default_hp_config(LLMPPO.MUTABLE).names() == ("lr_actor",)  # the critic keeps its default rate
     assert default_hp_config(LLMPPO.MUTABLE, fixed={"lr"}) is None  # lr is lr_actor: nothing left to search
+    from evollm.algorithms.ippo import AGENT_MUTABLE
+    assert default_hp_config(AGENT_MUTABLE).names() == ("actor_learning_rate",)  # IPPO teams: the same rule
     assert default_hp_config(GRPO.MUTABLE, fixed={"lr"}) is None
     for name, spec in DEFAULT_RANGES.items():
         RLParameter(**spec)  # every default range is a valid parameter
