@@ -290,7 +290,7 @@ class AlgorithmSection(Section):
                                       "(scrambled-Sobol 'qmc' by default; 'lhs': a centred Latin hypercube, one founder in "
                                       "each n-th of every range; null: identical founders). A value "
                                       "set in algorithm.hyperparameters is kept for every founder.",
-                                      choices=lambda: _sampler_names(), when={"population_size": lambda n: n > 1})
+                                      choices=_sampler_names, when={"population_size": lambda n: n > 1})
     default_founder: bool = option(True, "The first founder keeps the starting hyperparameters (those set here, else "
                                    "the algorithm's defaults) instead of a draw, when they lie inside hpo.hp_config's "
                                    "ranges: the population holds the run you would get without a search.",

@@ -7,8 +7,8 @@ fitness is at least every earlier one (a tie keeps the later state: it measured 
 test set and trained longer; greedy evaluations stay flat for long stretches while the sampled policy
 still improves). The clone is a whole member (adapters, optimizer state, hyperparameters) on the
 shared base that takes no further step. At the end :meth:`~evollm.run.population.Population.best`
-returns it when its fitness is strictly above every live member's last fitness, so ``best_member/``, the elite and ``evollm export`` hold the best state the
-run measured, not only the last one.
+returns it when its fitness is strictly above every live member's last fitness, so ``best_member/``,
+the elite and ``evollm export`` hold the best state the run measured, not only the last one.
 
 Fitness is a greedy evaluation on a fixed test set, so the kept member's recorded fitness is the
 measured fitness of exactly its weights. The kept member is saved with every run checkpoint
