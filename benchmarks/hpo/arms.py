@@ -57,9 +57,16 @@ class Clock:
         return time.perf_counter() - self.wall0
 
 
+def actor_parameters(member) -> list:
+    """The adapter weights greedy generation depends on: the member's (actor) adapter, or every agent's of
+    an IPPO team."""
+    agents = getattr(member, "agents", None) or [member]
+    return [p for a in agents for p in a.shared.parameters(a.adapter_name())]
+
+
 def snapshot(agent) -> list:
     """A copy of the member's (actor) adapter weights: all that greedy generation depends on."""
-    return [p.detach().clone() for p in agent.shared.parameters(agent.adapter_name())]
+    return [p.detach().clone() for p in actor_parameters(agent)]
 
 
 class Recorder:
@@ -113,7 +120,7 @@ class Recorder:
         scores = {"initial": initial}
         for key, tensors in self.snapshots.items():
             member = members_of(with_overrides(cfg, ["algorithm.population_size=1", "hpo={}"]), task, None)[0]
-            params = member.shared.parameters(member.adapter_name())
+            params = actor_parameters(member)
             if [p.shape for p in params] != [t.shape for t in tensors]:
                 raise ValueError(f"snapshot {key}: adapter shapes differ from a fresh member's (evolved LoRA rank?)")
             with torch_no_grad():

@@ -5,7 +5,8 @@ A single-turn task's held-out split (``task.n_test`` rows) is cut in two: the fi
 test set (what the library evaluates members on: the arms' own validation, counted in their budget),
 the second part is the report set, scored only by the harness (greedy, one member, off the clock).
 A multi-turn game's report set is ``report_size`` fixed seeds far from the training and evaluation
-seeds. The data and the base model come from the config's seed, so every arm and every benchmark seed
+seeds. A team task's (IPPO, ``env.type: team``) fixed evaluation rows are cut like a single-turn task's
+held-out split: validation first, report rows last; a team is scored on its joint episode return. The data and the base model come from the config's seed, so every arm and every benchmark seed
 sees the same base, the same validation questions and the same report set; the benchmark seed moves
 the data order, the sampling, the founders and the tuners.
 """
@@ -26,7 +27,7 @@ class Task:
     cfg: Any  # evollm.config.RunConfig
     model: Any
     tokenizer: Any
-    kind: str  # "reasoning" or "multiturn"
+    kind: str  # "reasoning", "multiturn" or "team"
     train: Callable[..., tuple]  # train(members, **loop keywords) -> (agents, population)
     report: Callable[[Any], list[float]]  # per-item held-out scores of one member
     report_size: int
@@ -44,7 +45,9 @@ def load_task(cfg, report_size: int | None = None) -> Task:
         return _reasoning(cfg, model, tok, data_seed, report_size)
     if cfg.env.type == "multiturn":
         return _multiturn(cfg, model, tok, report_size)
-    raise ValueError(f"env.type={cfg.env.type!r}: the benchmark runs 'reasoning' and 'multiturn' tasks")
+    if cfg.env.type == "team":
+        return _team(cfg, model, tok, data_seed, report_size)
+    raise ValueError(f"env.type={cfg.env.type!r}: the benchmark runs 'reasoning', 'multiturn' and 'team' tasks")
 
 
 def _reasoning(cfg, model, tok, data_seed: int, report_size: int | None) -> Task:
@@ -113,6 +116,57 @@ def _multiturn(cfg, model, tok, report_size: int | None) -> Task:
                                       eval_episodes=cfg.train.eval_episodes, **loop)
 
     return Task(cfg, model, tok, "multiturn", run, report, n_report, cfg.train.eval_episodes)
+
+
+def _team(cfg, model, tok, data_seed: int, report_size: int | None) -> Task:
+    from evollm.algorithms.ippo_rollout import play_teams
+    from evollm.envs.team import TeamTask
+    from evollm.recipes.runners import team_task_from_config
+    from evollm.training.ippo import finetune_ippo
+
+    class _Settings:  # what team_task_from_config reads of the teams: their reply and conversation lengths
+        config = _team_config(cfg)
+
+    template = team_task_from_config(cfg.task, cfg.env, tok, data_seed, [_Settings])
+    rows = template.eval_rows
+    n_report = len(rows) // 2 if report_size is None else int(report_size)
+    if not 1 <= n_report < len(rows):
+        raise ValueError(f"report_size={n_report} must leave validation rows out of the {len(rows)} evaluation rows")
+    validation, held_out = rows[:len(rows) - n_report], rows[len(rows) - n_report:]
+
+    def make_task(eval_rows, seed: int) -> TeamTask:  # the template's task on other rows, its own row order
+        t = template
+        return TeamTask(t.train_rows, eval_rows, tok, t.reward_func, t.formatters, num_turns=t.num_turns,
+                        reward_processor=t.reward_processor, reward_turns=t.reward_turns,
+                        max_new_tokens=t.max_new_tokens, max_model_len=t.max_model_len,
+                        success_threshold=t.success_threshold, system_prompt=t.system_prompt,
+                        eval_batch_size=t.eval_batch_size, seed=seed)
+
+    report_task = make_task(held_out, data_seed)
+
+    def report(team) -> list[float]:
+        scores: list[float] = []
+        step = report_task.eval_batch_size
+        for start in range(0, len(held_out), step):
+            out = play_teams([team], report_task, held_out[start:start + step], training=False)
+            scores += [float(e.episode_return) for e in out.episodes[team.index]]
+        return scores
+
+    tasks: dict[str, Any] = {}
+
+    def run(members, seed: int, **loop):
+        if "task" not in tasks:  # one stream of training rows per run (its trials continue it)
+            tasks["task"] = make_task(validation, seed)
+        return finetune_ippo(members, tasks["task"], seed=seed, verbose=False, **loop)
+
+    return Task(cfg, model, tok, "team", run, report, len(held_out), len(validation), tasks.clear)
+
+
+def _team_config(cfg):
+    """The teams' :class:`~evollm.algorithms.ippo.IPPOConfig` as the config sets it."""
+    from evollm.algorithms.ippo import IPPOConfig
+    from evollm.algorithms.base import build_config
+    return build_config(IPPOConfig, None, dict(cfg.algorithm.hyperparameters or {}))
 
 
 def mean_se(scores: list[float]) -> tuple[float, float]:

@@ -366,7 +366,7 @@ class IPPOTeam(Member):
                 "fitness": [jsonable(f) for f in self.fitness], "scores": [jsonable(s) for s in self.scores],
                 "steps": self.steps, "agents": [a.index for a in self.agents], "lora_rank": self.lora_rank,
                 "pad_token_id": self.pad_token_id, "pad_token": self.agents[0].pad_token,
-                "eos_token_id": self.agents[0].eos_token_id}
+                "eos_token_id": self.agents[0].eos_token_id, "default_founder": bool(self.default_founder)}
         write_json(path / "team.json", info)
         return path
 
@@ -388,6 +388,7 @@ class IPPOTeam(Member):
         self.fitness = [f if f is not None else math.nan for f in info["fitness"]]
         self.scores = [s if s is not None else math.nan for s in info["scores"]]
         self.steps = int(info["steps"])
+        self.default_founder = bool(info.get("default_founder", self.default_founder))
 
     @classmethod
     def load(cls, path, model, tokenizer=None, **kwargs) -> "IPPOTeam":

@@ -124,11 +124,12 @@ class SelectionSection(Section):
 class NarrowingSection(Section):
     """A population that narrows as the budget is spent (see :class:`evollm.hpo.narrowing.Narrowing`)."""
 
-    at: list[float] = option([0.1, 0.2, 0.35], "Fractions of the budget (train.max_steps, and train.max_time when set) "
-                             "at which the worst members are released (default: 8 members train as 8 for the first "
-                             "10% of the budget, as 4 until 20%, as 2 until 35%, and the best one alone for the last "
-                             "65%, so that it gets ~3/4 of a single run's steps; benchmarks/README.md, HPO section); "
-                             "[] keeps the population whole.")
+    at: list[float] = option([0.05, 0.1, 0.2], "Fractions of the budget (train.max_steps, and train.max_time when "
+                             "set) at which the worst members are released; a cut waits for the first ranking at or "
+                             "after its fraction (with held-out fitness: the next evaluation, so each rung lasts at "
+                             "least train.evaluation_interval steps). Default: 8 -> 4 -> 2 -> 1 by about a fifth of the "
+                             "budget, the best member alone after it (0.8-0.9 of a single run's steps; "
+                             "benchmarks/README.md, HPO section); [] keeps the population whole.")
     keep: float = option(0.5, "Share of the members kept at each of `at` (rounded up).")
     min_size: int = option(1, "Never narrow below this many members. Below the selection's size (a tournament's "
                            "members) selection and mutation stop and the members left train on; 2 keeps evolving "

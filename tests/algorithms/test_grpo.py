@@ -90,6 +90,7 @@ def test_checkpoint_round_trip(tiny, tmp_path, arithmetic_env):
     ids, masks = a.get_action(arithmetic_env.reset())
     a.learn((ids, masks, torch.rand(4, 4)))
     a.fitness.append(0.25)
+    a.default_founder = True  # a narrowing's tie-break keeps its lineage first: a resumed run must know it
     a.save_checkpoint(tmp_path / "ckpt")
     files = sorted(str(p.relative_to(tmp_path / "ckpt")) for p in (tmp_path / "ckpt").rglob("*") if p.is_file())
     assert files == ["adapter/adapter_config.json", "adapter/adapter_model.safetensors", "agent.json", "manifest.json",
@@ -98,7 +99,7 @@ def test_checkpoint_round_trip(tiny, tmp_path, arithmetic_env):
     expected = a.get_logprobs(seqs)
     b.load_checkpoint(tmp_path / "ckpt")
     torch.testing.assert_close(b.get_logprobs(seqs), expected)
-    assert b.fitness == [0.25] and b.lr == a.lr and b.steps == 1
+    assert b.fitness == [0.25] and b.lr == a.lr and b.steps == 1 and b.default_founder
     sa, sb = a.optimizer.state_dict()["state"], b.optimizer.state_dict()["state"]
     assert all(torch.equal(sa[k]["exp_avg_sq"], sb[k]["exp_avg_sq"]) for k in sa)
     info = json.loads((tmp_path / "ckpt" / "agent.json").read_text())

@@ -223,10 +223,11 @@ def test_team_checkpoint_round_trip_and_peft_loading(rollout_team, tmp_path):
     team.fitness.append(0.25)
     team.set_hyperparameter("agent1.clip_coef", 0.3)
     team.set_hyperparameter("agent1.lora_rank", 6)
+    team.default_founder = True
     team.save_checkpoint(tmp_path / "team")
     assert not list(tmp_path.rglob("*.pt")) and not list(tmp_path.rglob("*.bin"))
     loaded = IPPOTeam.load(tmp_path / "team", team.agents[0].shared.model.get_base_model())
-    assert loaded.fitness == [0.25] and loaded.get_hyperparameter("agent1.clip_coef") == 0.3
+    assert loaded.fitness == [0.25] and loaded.get_hyperparameter("agent1.clip_coef") == 0.3 and loaded.default_founder
     assert [a.lora_rank for a in loaded.agents] == [4, 6]
     for a, b in zip(team.agents, loaded.agents):
         ta, tb = agent_tensors(a), agent_tensors(b)

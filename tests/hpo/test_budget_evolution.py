@@ -207,3 +207,31 @@ def test_a_cut_between_equal_scores_is_called_tied():
     assert not Narrowing.tied_at_cut([0.44, 0.30], [0.25, 0.25])   # ties below the cut do not matter
     assert not Narrowing.tied_at_cut([0.3, float("nan")], [float("nan")])  # quarantined members are not scores
     assert not Narrowing.tied_at_cut([0.3], [])
+
+
+def test_equal_held_out_scores_keep_the_default_founder_then_the_best_recent_training_rewards():
+    """A cut between equal held-out scores (greedy play unchanged, every member at the base model's
+    fitness) keeps the default founder's lineage, then the members whose sampled rewards rose, not the
+    lower ids; NaN rewards rank last, and the ids decide only where the rewards tie as well."""
+    from evollm.hpo.narrowing import recent_reward, tie_rank
+
+    pop = [Stub(0, scores=[0.2] * 12), Stub(1, scores=[0.2, 0.3]), Stub(2, scores=[0.9] * 10 + [0.1] * 10),
+           Stub(3, scores=[0.5, math.nan, 0.7]), Stub(4), Stub(5, scores=[0.6]), Stub(6, scores=[0.0])]
+    pop[6].default_founder = True  # the founder with the starting values: no reward can outrank it
+    assert recent_reward(pop[0]) == pytest.approx(0.2)
+    assert recent_reward(pop[2]) == pytest.approx(0.1)  # the last 10 steps only
+    assert recent_reward(pop[3]) == pytest.approx(0.6)  # a quarantined step's NaN is left out
+    assert math.isnan(recent_reward(pop[4])) and tie_rank(pop[6]) == math.inf
+    held_out = {0: 0.25, 1: 0.25, 2: 0.25, 3: 0.25, 4: 0.25, 5: 0.5, 6: 0.25}
+    kept, dropped = Narrowing(at=(0.5,)).narrow(pop, lambda a: held_out[a.index], 1, tiebreak=tie_rank)
+    # 5 on its score; 6 (the default founder), then 3 (0.6) and 1 (0.25) on the tie-break
+    assert [a.index for a in kept] == [1, 3, 5, 6]
+    assert Narrowing.tied_at_cut([0.25, 0.5], [0.25])
+    held_out[6] = 0.2  # a worse held-out score is evidence: the founder goes
+    kept, _ = Narrowing(at=(0.5,)).narrow(pop, lambda a: held_out[a.index], 1, tiebreak=tie_rank)
+    assert [a.index for a in kept] == [0, 1, 3, 5]
+    # without a tie-break (or with equal ones) the lower id wins, as before
+    kept, _ = Narrowing(at=(0.5,)).narrow(pop, lambda a: held_out[a.index], 1)
+    assert [a.index for a in kept] == [0, 1, 2, 5]
+    kept, _ = Narrowing(at=(0.5,)).narrow(pop, lambda a: held_out[a.index], 1, tiebreak=lambda a: 0.0)
+    assert [a.index for a in kept] == [0, 1, 2, 5]

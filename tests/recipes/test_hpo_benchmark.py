@@ -145,3 +145,58 @@ def test_a_run_starts_from_the_same_random_state_whether_or_not_it_is_its_worker
     torch.manual_seed(123)  # whatever the previous run left
     start_run(task, cfg, 3, setup)
     assert torch.equal(first[0], torch.get_rng_state()) and np.array_equal(first[1], np.random.get_state()[1])
+
+
+TEAM_CONFIG = """
+seed: 0
+threads: 1
+model: {source: tiny_coop, warm_start: false}
+task: {name: relay_sum}
+env: {type: team}
+algorithm:
+  name: IPPO
+  population_size: 2
+  lora: {r: 4, lora_alpha: 8}
+  hyperparameters: {num_agents: 2, num_turns: 2, max_new_tokens: 3, rollout_buffer_size: 8, mini_batch_size: 8,
+                    ppo_epochs: 1}
+train: {evaluation_interval: 1}
+"""
+
+
+def test_a_team_task_enters_the_benchmark_like_any_other(tmp_path):
+    """An IPPO team config (env.type: team) runs through the same arms: the population of teams evolves the
+    actors' learning rate (the library's default space), every checkpoint snapshots every agent's adapter
+    and is scored on the report rows, which are cut from the evaluation rows like a single-turn task's."""
+    from benchmarks.hpo.arms import actor_parameters, members_of, snapshot, with_overrides
+    from benchmarks.hpo.run import main
+    from benchmarks.hpo.task import load_task
+    from evollm.config import RunConfig
+
+    config = tmp_path / "team.yaml"
+    config.write_text(TEAM_CONFIG)
+    task = load_task(RunConfig.from_yaml(str(config)), 190)
+    assert task.kind == "team" and (task.validation_size, task.report_size) == (10, 190)
+    cfg = with_overrides(task.cfg, ["algorithm.population_size=1", "hpo={}"])
+    team = members_of(cfg, task, None)[0]
+    params = actor_parameters(team)
+    assert len(params) == 2 * len(team.agents[0].shared.parameters(team.agents[0].adapter_name()))  # both agents
+    assert all(torch_equal(a, b) for a, b in zip(snapshot(team), params))
+    team.release()
+
+    out = tmp_path / "bench"
+    rc = main(["--config", str(config), "--seeds", "1", "--budget-cpu-s", "0.5", "--checkpoints", "2",
+               "--arms", "evollm", "default", "--grid-points", "0", "--report-size", "190", "--in-process",
+               "--out", str(out), "--parts-dir", str(tmp_path / "parts")])
+    assert rc == 0
+    runs = {r["arm"]: r for r in json.loads(out.with_suffix(".json").read_text())["runs"]}
+    assert runs["evollm"]["population_size"] == 2
+    assert runs["evollm"]["founders"][0] == {"actor_learning_rate": 1e-4}  # the default founder
+    assert 1e-5 <= runs["evollm"]["founders"][1]["actor_learning_rate"] <= 1e-3
+    for run in runs.values():
+        assert run["report_size"] == 190 and run["validation_size"] == 10
+        assert all(0.0 <= c["score"] <= 1.0 for c in run["checkpoints"]) and len(run["checkpoints"]) == 2
+
+
+def torch_equal(a, b) -> bool:
+    import torch
+    return torch.equal(a, b)
