@@ -143,8 +143,10 @@ class Member:
     def _start_clone(self, new: "Member") -> "Member":
         """The population state of a fresh clone ``new`` of this member: an EMPTY fitness and score history
         (it has not been evaluated yet), ``parent_index`` this member's id, the same ``hp_config``, steps and
-        hooks, no mutation yet, not released and never quarantined."""
+        hooks, no mutation yet, not released and never quarantined; a clone of the default founder's lineage
+        stays in it (``default_founder``: a narrowing's tie-break keeps that lineage first)."""
         new.hp_config = self.hp_config
+        new.default_founder = bool(getattr(self, "default_founder", False))
         new.fitness, new.scores, new.parent_index = [], [], self.index
         new.steps = self.steps
         new.mutation_hooks = list(self.mutation_hooks)
