@@ -6,9 +6,10 @@ test set (what the library evaluates members on: the arms' own validation, count
 the second part is the report set, scored only by the harness (greedy, one member, off the clock).
 A multi-turn game's report set is ``report_size`` fixed seeds far from the training and evaluation
 seeds. A team task's (IPPO, ``env.type: team``) fixed evaluation rows are cut like a single-turn task's
-held-out split: validation first, report rows last; a team is scored on its joint episode return. The data and the base model come from the config's seed, so every arm and every benchmark seed
-sees the same base, the same validation questions and the same report set; the benchmark seed moves
-the data order, the sampling, the founders and the tuners.
+held-out split: validation first, report rows last; a team is scored on its joint episode return. The
+data and the base model come from the config's seed, so every arm and every benchmark seed sees the
+same base, the same validation questions and the same report set; the benchmark seed moves the data
+order, the sampling, the founders and the tuners.
 """
 
 from __future__ import annotations

@@ -8,8 +8,9 @@ milestones the population evolves as usual (selection, mutation).
 
 The budget is the run's step budget (``max_steps``) and, when the run has one, its time budget
 (``max_time``, on the loop's clock): the fraction spent is the larger of the two. Members with equal
-scores at a cut are ordered by :func:`tie_rank`. The training loop drives the schedule (:meth:`Narrowing.observe`, :meth:`Narrowing.due`, :meth:`Narrowing.narrow`); the
-dropped members are released (their adapters and optimizer state freed on the shared base).
+scores at a cut are ordered by :func:`tie_rank`. The training loop drives the schedule
+(:meth:`Narrowing.due`, :meth:`Narrowing.narrow`); the dropped members are released (their adapters and
+optimizer state freed on the shared base).
 """
 from __future__ import annotations
 
