@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any, Callable
 
 #: first seed of the report episodes of a multi-turn game (training seeds are seed * 10**6 + ...,
@@ -125,10 +126,8 @@ def _team(cfg, model, tok, data_seed: int, report_size: int | None) -> Task:
     from evollm.recipes.runners import team_task_from_config
     from evollm.training.ippo import finetune_ippo
 
-    class _Settings:  # what team_task_from_config reads of the teams: their reply and conversation lengths
-        config = _team_config(cfg)
-
-    template = team_task_from_config(cfg.task, cfg.env, tok, data_seed, [_Settings])
+    # team_task_from_config reads the teams' reply and conversation lengths from their config only
+    template = team_task_from_config(cfg.task, cfg.env, tok, data_seed, [SimpleNamespace(config=_team_config(cfg))])
     rows = template.eval_rows
     n_report = len(rows) // 2 if report_size is None else int(report_size)
     if not 1 <= n_report < len(rows):

@@ -204,7 +204,7 @@ def write_agent(agent, path: Path) -> Path:
         "lora_rank": agent.lora_rank,
         "quarantined": bool(agent.quarantined),
         "quarantine_reason": agent.quarantine_reason,
-        "default_founder": bool(getattr(agent, "default_founder", False)),
+        "default_founder": bool(agent.default_founder),
         "base_fingerprint": shared_fingerprint(agent.shared),
     }
     (path / "agent.json").write_text(json.dumps(info, indent=1))
@@ -264,7 +264,7 @@ def load_agent(agent, path: str | Path, merge_lora_configs: bool = False, verify
     agent.fitness = list(info["fitness"])
     agent.scores = [s if s is not None else float("nan") for s in info["scores"]]
     agent.steps = int(info["steps"])
-    agent.default_founder = bool(info.get("default_founder", getattr(agent, "default_founder", False)))
+    agent.default_founder = bool(info.get("default_founder", agent.default_founder))
     agent.reinit_optimizers()
     tensors = load_file(str(path / "optimizer.safetensors"))
     opt_state = optimizer_from_safetensors(tensors, meta)
