@@ -134,6 +134,9 @@ class NarrowingSection(Section):
     min_size: int = option(1, "Never narrow below this many members. Below the selection's size (a tournament's "
                            "members) selection and mutation stop and the members left train on; 2 keeps evolving "
                            "to the end.")
+    evaluate: bool = option(True, "With ranking on held-out fitness (hpo.selection.fitness: last or mean), a fraction "
+                            "of `at` reached between two evaluations evaluates the population at once, so the cut "
+                            "falls where `at` says; false: it waits for the next train.evaluation_interval.")
 
     def build(self):
         """The :class:`~evollm.hpo.narrowing.Narrowing`, or ``None`` when ``at`` is empty."""
@@ -141,7 +144,7 @@ class NarrowingSection(Section):
             return None
         from evollm.hpo.narrowing import Narrowing
         try:
-            return Narrowing(at=self.at, keep=self.keep, min_size=self.min_size)
+            return Narrowing(at=self.at, keep=self.keep, min_size=self.min_size, evaluate=self.evaluate)
         except ValueError as e:
             raise ConfigError(f"hpo.narrowing: {e}") from e
 

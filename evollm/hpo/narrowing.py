@@ -54,6 +54,10 @@ class Narrowing:
         keep: share of the members kept at each milestone (rounded up), in ``(0, 1)``.
         min_size: never narrow below this many members (at least 1; default 1). Once fewer members
             are left than the selection needs, selection and mutation stop and the rest train on.
+        evaluate: with rankings on held-out fitness, a milestone reached between two evaluations
+            evaluates the population at once (an extra evaluation), so that the cut falls at its
+            fraction of the budget (default). ``False``: wait for the next regular evaluation, so each
+            rung lasts at least ``evaluation_interval`` steps.
 
     A milestone is acted on at the first step that has a fresh ranking (an evaluation, or any step
     when the selection ranks on training rewards) at or after it. Several milestones crossed at once
@@ -61,7 +65,8 @@ class Narrowing:
     checkpoints, so a resumed run narrows where the original would have.
     """
 
-    def __init__(self, at: Sequence[float] = (0.05, 0.1, 0.2), keep: float = 0.5, min_size: int = 1) -> None:
+    def __init__(self, at: Sequence[float] = (0.05, 0.1, 0.2), keep: float = 0.5, min_size: int = 1,
+                 evaluate: bool = True) -> None:
         at = [float(a) for a in at]
         if not at:
             raise ValueError("Narrowing.at must name at least one fraction of the budget")
@@ -74,6 +79,7 @@ class Narrowing:
         self.at = tuple(at)
         self.keep = float(keep)
         self.min_size = int(min_size)
+        self.evaluate = bool(evaluate)
         self.passed = 0  # milestones acted on
         self.elapsed_s = 0.0  # budget-clock seconds spent before this process started (resume)
 
@@ -142,7 +148,7 @@ class Narrowing:
         self.elapsed_s = float(state.get("elapsed_s", 0.0))
 
     def __repr__(self) -> str:
-        return f"Narrowing(at={list(self.at)}, keep={self.keep}, min_size={self.min_size})"
+        return f"Narrowing(at={list(self.at)}, keep={self.keep}, min_size={self.min_size}, evaluate={self.evaluate})"
 
 
 def tie_rank(agent) -> float:

@@ -114,7 +114,9 @@ def evolve(pop: Sequence, train_step: Callable[[list, int], dict[int, dict]],
         if max_time is not None and elapsed >= max_time:
             stop = f"max_time={max_time:g}s ({s.max_time_clock} clock) reached after {done} steps"
         evaluated = False
-        if done % evaluation_interval == 0 or done == max_steps or stop:
+        cut = not on_train and done < max_steps and _cut_due(narrowing, len(agents), done, max_steps,
+                                                             spent_before + elapsed, max_time)
+        if done % evaluation_interval == 0 or done == max_steps or stop or cut:
             started = time.perf_counter()
             fitness = evaluate_healthy(agents, evaluate)
             evaluated = True
@@ -181,6 +183,17 @@ def budget_clock(kind: str) -> Callable[[], float]:
     if kind == "cpu":
         return time.process_time
     raise ValueError(f"max_time_clock={kind!r} is not valid; choose 'wall' or 'cpu'")
+
+
+def _cut_due(narrowing, size: int, step: int, max_steps: int, elapsed: float, max_time: float | None) -> bool:
+    """Whether ``narrowing`` (with ``evaluate`` on) has a milestone due that would release members of a
+    population of ``size``: the loop then evaluates at once instead of at the next interval."""
+    from evollm.hpo.narrowing import budget_fraction
+
+    if narrowing is None or not narrowing.evaluate or narrowing.passed >= len(narrowing.at):
+        return False
+    due = narrowing.due(dist.broadcast_object(budget_fraction(step, max_steps, elapsed, max_time)))
+    return due > 0 and narrowing.target(size, due) < size
 
 
 def narrow_population(agents: list, narrowing, step: int, max_steps: int, max_time: float | None, tournament,

@@ -97,6 +97,20 @@ def test_narrowing_to_one_member_ends_evolution_and_the_survivor_trains_on():
     assert steps[-1] == 8 and set(report[report["step"] > last_narrowing]["member"]) == {survivor}
 
 
+def test_a_milestone_between_evaluations_evaluates_the_population_at_once():
+    """With held-out ranking a cut due between two evaluations triggers one, so it falls at its fraction of
+    the budget (step 2 of 8 for 0.25), not at the next regular evaluation (step 4); evaluate=False waits."""
+    for evaluate, cut_at in ((True, 2), (False, 4)):
+        agents, record = _run(narrowing=Narrowing(at=(0.25,), keep=0.5, min_size=2, evaluate=evaluate), n=4,
+                              max_steps=8, evaluation_interval=4, evo_steps=4)
+        narrow = record.selections().query("kind == 'narrowing'")
+        assert list(narrow["step"]) == [cut_at] and list(narrow["size_after"]) == [2]
+        report = record.report()
+        assert sorted(set(report["step"])) == sorted({cut_at, 4, 8})  # the extra evaluation, then the rhythm
+        assert (report[report["step"] == cut_at].groupby("step").size() == 4).all()  # every member, before the cut
+        assert len(agents) == 2
+
+
 def test_a_protected_default_founder_survives_narrowing_on_noise_and_is_the_member_returned(cache_dir):
     kw = dict(n=4, fitness="train", evaluation_interval=4, evo_steps=3, max_steps=8, cache_dir=cache_dir,
               narrowing=None, lr_range=(1e-5, 1e-2))  # GRPO's default lr 5e-5 inside: a default founder
@@ -113,8 +127,9 @@ def test_a_protected_default_founder_survives_narrowing_on_noise_and_is_the_memb
     assert [a.index for a in free] != [0]  # unprotected, the noisier ranking lets it go
 
 
-def test_resume_of_a_narrowing_run_is_exact(tmp_path):
-    narrowing = lambda: Narrowing(at=(0.3, 0.6), keep=0.5, min_size=2)  # noqa: E731
+@pytest.mark.parametrize("at", [(0.3, 0.6), (0.15, 0.5)])  # cuts at evaluations; cuts that evaluate (steps 1, 3)
+def test_resume_of_a_narrowing_run_is_exact(tmp_path, at):
+    narrowing = lambda: Narrowing(at=at, keep=0.5, min_size=2)  # noqa: E731
     agents, record = _run(narrowing=narrowing(), n=4, ckpt=tmp_path / "a")
     for stop in (1, 3):  # before and after the narrowing
         folder = tmp_path / f"b{stop}"
