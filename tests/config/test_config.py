@@ -294,6 +294,7 @@ def test_default_narrowing_applies_to_evolving_populations_only():
     assert narrowing.at == (0.05, 0.1, 0.2) and narrowing.sizes(8) == [8, 4, 2, 1]
     assert build_narrowing(load(eight)) is None  # no evolution: every member trains to the end
     assert build_narrowing(load(eight, ["hpo.narrowing.at=[0.5]"])).sizes(8) == [8, 4]  # unless asked for
+    assert not narrowing.evaluate and build_narrowing(load({**EVO, **eight}, ["hpo.narrowing.evaluate=true"])).evaluate
     two = build_narrowing(load({**EVO, **eight, "hpo": {"narrowing": {"min_size": 2}}}))
     assert two.sizes(8) == [8, 4, 2, 2]  # keeps evolving to the end
     assert build_narrowing(load({**EVO, **eight, "hpo": {"narrowing": {"at": []}}})) is None

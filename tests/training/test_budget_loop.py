@@ -127,9 +127,9 @@ def test_a_protected_default_founder_survives_narrowing_on_noise_and_is_the_memb
     assert [a.index for a in free] != [0]  # unprotected, the noisier ranking lets it go
 
 
-@pytest.mark.parametrize("at", [(0.3, 0.6), (0.15, 0.5)])  # cuts at evaluations; cuts that evaluate (steps 1, 3)
-def test_resume_of_a_narrowing_run_is_exact(tmp_path, at):
-    narrowing = lambda: Narrowing(at=at, keep=0.5, min_size=2)  # noqa: E731
+@pytest.mark.parametrize("at, evaluate", [((0.3, 0.6), False), ((0.15, 0.5), True)])  # cuts that evaluate: steps 1, 3
+def test_resume_of_a_narrowing_run_is_exact(tmp_path, at, evaluate):
+    narrowing = lambda: Narrowing(at=at, keep=0.5, min_size=2, evaluate=evaluate)  # noqa: E731
     agents, record = _run(narrowing=narrowing(), n=4, ckpt=tmp_path / "a")
     for stop in (1, 3):  # before and after the narrowing
         folder = tmp_path / f"b{stop}"
