@@ -15,6 +15,7 @@ from evollm.parallel import distributed as dist
 from evollm.config import ALGORITHMS, algorithm_class  # noqa: F401  (re-exported)
 from evollm.config.schema import ConfigError
 from evollm.run.lock import RunLock
+from evollm.run.search import search_cost
 from evollm.utils.atomic import write_json
 
 
@@ -217,6 +218,11 @@ def run(cfg, resume: bool, quiet: bool = False, member_values: dict | None = Non
     summary.update(best_member=best.index, outputs={k: str(v) for k, v in paths.items()})
     if population.kept is not None and best is population.kept.member:  # train.keep_best returned an earlier state
         summary["best_state"] = population.kept.info()
+    kept = summary.get("best_state")  # the kept state descends from its source member
+    search = search_cost(population.lineage(), population.metrics(), kept["source"] if kept else best.index,
+                         kept["step"] if kept else int(population.report()["step"].max()))
+    if search is not None:  # what the population's search cost and found (evollm.run.search)
+        summary["search"] = search
     write_json(out / "summary.json", summary)
     report = population.report()
     print("\nLast rows of the report:")

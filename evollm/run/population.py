@@ -20,6 +20,10 @@ import pandas as pd
 from ..utils.atomic import atomic_file, jsonable
 
 
+def _default_founder(agent) -> bool:
+    return bool(getattr(agent, "default_founder", False))
+
+
 def _hyperparameters(agent) -> dict[str, Any]:
     names = list(agent.hp_config.names()) if getattr(agent, "hp_config", None) is not None else []
     for default in ("lr", "beta", "clip_coef", "lora_rank"):
@@ -46,6 +50,7 @@ class Birth:
     old_value: Any = None
     new_value: Any = None
     hyperparameters: dict = field(default_factory=dict)
+    default_founder: bool = False  # the founder with the starting hyperparameters, or a clone of its lineage
 
 
 class Population:
@@ -69,7 +74,8 @@ class Population:
     def add_founder(self, agent, step: int = 0) -> None:
         self.members.append(agent)
         self.algorithm = self.algorithm or type(agent).__name__
-        self.births.append(Birth(agent.index, None, self.generation, step, hyperparameters=_hyperparameters(agent)))
+        self.births.append(Birth(agent.index, None, self.generation, step, hyperparameters=_hyperparameters(agent),
+                                 default_founder=_default_founder(agent)))
 
     def record_mutations(self, agents: Sequence, step: int) -> None:
         """Note mutations applied to living members outside selection (the elite under
@@ -81,7 +87,7 @@ class Population:
                 continue
             self.births.append(Birth(agent.index, agent.index, self.generation, step, mutation=m.name or "none",
                                      mutation_kind=m.kind, old_value=_scalar(m.old), new_value=_scalar(m.new),
-                                     hyperparameters=_hyperparameters(agent)))
+                                     hyperparameters=_hyperparameters(agent), default_founder=_default_founder(agent)))
 
     def record_evaluation(self, step: int, agents: Sequence, fitness: Sequence[float],
                           train_rewards: dict[int, float] | None = None, extra: dict[int, dict] | None = None) -> None:
@@ -109,7 +115,7 @@ class Population:
                     mutation_kind=m.kind if m is not None else "none",
                     old_value=_scalar(m.old) if m is not None else None,
                     new_value=_scalar(m.new) if m is not None else None,
-                    hyperparameters=_hyperparameters(agent)))
+                    hyperparameters=_hyperparameters(agent), default_founder=_default_founder(agent)))
         self.members = list(result.population)
 
     def record_narrowing(self, result, step: int, fraction: float, stderr: dict[int, float] | None = None,
@@ -267,7 +273,7 @@ class Population:
 REPORT_DTYPES = {"step": "int64", "generation": "int64", "member": "int64", "parent": "Int64",
                  "fitness": "float64", "train_reward": "float64"}
 LINEAGE_DTYPES = {"member": "int64", "parent": "Int64", "generation": "int64", "step": "int64",
-                  "mutation": "string", "mutation_kind": "string"}
+                  "mutation": "string", "mutation_kind": "string", "default_founder": "boolean"}
 #: The cost columns that close every metrics row (see :mod:`evollm.run.measure`).
 COST_COLUMNS = ("time_generate_s", "time_learn_s", "time_eval_s", "gen_tokens", "tokens_per_s", "peak_memory_mb")
 SELECTION_DTYPES = {"step": "int64", "generation": "int64", "kind": "string", "source": "string",

@@ -18,6 +18,7 @@ from pathlib import Path
 import pandas as pd
 
 from evollm.run.plots_lineage import ancestry
+from evollm.run.search import describe, search_cost
 from evollm.utils.atomic import write_text
 from evollm.run.population import LINEAGE_DTYPES, METRICS_DTYPES, REPORT_DTYPES, typed, write_csv
 
@@ -120,6 +121,9 @@ def summarize(run: RunFiles) -> str:
         lines.append("  lineage: " + " <- ".join(
             f"m{c['member']}" + (f" ({c['mutation']}, step {c['step']})" if c["parent"] is not None else " (founder)")
             for c in chain))
+    cost = search_cost(lineage, metrics, member, int(best["step"]))
+    if cost is not None:
+        lines.extend(describe(cost))
     table = fitness_table(report)
     if len(table) > 16:
         keep = sorted(set(range(0, len(table), math.ceil(len(table) / 14))) | {len(table) - 1})

@@ -194,6 +194,13 @@ def test_report_on_a_finished_run_and_on_a_wrong_directory(tmp_path, cache_dir, 
     best = json.loads((out / "summary.json").read_text())["best_member"]
     assert f"best member: {best} " in text and "hyperparameters: lr=" in text and "lineage: m" in text
     assert "(founder)" in text and "fitness over time" in text
+    search = json.loads((out / "summary.json").read_text())["search"]  # 2 members x 4 steps, the best one's 4
+    assert (search["member_steps"], search["steps"], search["share"]) == (8, 4, 0.5)
+    assert "the search: 4 of the 8 member-steps (50%) trained the best member's weights" in text
+    assert f"it descends from founder m{search['founder']}" in text
+    # the demo's lr range (5e-4..3e-3) leaves out GRPO's default 5e-5: no founder keeps the starting values
+    assert search["default_founder"] is None and not search["from_default_founder"]
+    assert "default founder" not in text and search["founder_hyperparameters"]["lr"] >= 5e-4
     again = read_run(tmp_path / "again")  # the rebuilt tables keep their types
     assert str(again.report["parent"].dtype) == "Int64" and len(again.metrics) == 8
     pd.testing.assert_frame_equal(again.report, read_run(out).report)
