@@ -140,13 +140,18 @@ class NarrowingSection(Section):
                             "train.evaluation_interval (measured: the same final scores on slow-stepping tasks, "
                             "0.03-0.05 lower where the extra evaluations came just before regular ones).")
 
+    incumbent: bool = option(False, "The default founder's lineage is the incumbent: at a cut, other members stay only "
+                             "when they score strictly above it (and are among the best kept); the rest are released, "
+                             "so the population may narrow faster than `keep` (never below `min_size`).")
+
     def build(self):
         """The :class:`~evollm.hpo.narrowing.Narrowing`, or ``None`` when ``at`` is empty."""
         if not self.at:
             return None
         from evollm.hpo.narrowing import Narrowing
         try:
-            return Narrowing(at=self.at, keep=self.keep, min_size=self.min_size, evaluate=self.evaluate)
+            return Narrowing(at=self.at, keep=self.keep, min_size=self.min_size, evaluate=self.evaluate,
+                             incumbent=self.incumbent)
         except ValueError as e:
             raise ConfigError(f"hpo.narrowing: {e}") from e
 

@@ -62,6 +62,11 @@ class Narrowing:
             the budget instead of 15-19 %, and the final scores did not move (−0.004, +0.002); on the
             arithmetic tasks the extra evaluations fell a few steps before regular ones, the member
             returned had fewer steps (0.85 of a single run's, against 0.91) and ended 0.03-0.05 lower.
+        incumbent: the default founder's lineage is the incumbent: at a cut, a member outside it stays only
+            when it is among the best :meth:`target` *and* scores strictly above the best member of that
+            lineage; the others are released, so the population may narrow faster than ``keep`` says
+            (never below ``min_size``). With nothing better than the starting values on the evidence,
+            the compute goes to them. No effect once the lineage is gone. Default ``False``.
 
     A milestone is acted on at the first step that has a fresh ranking (an evaluation, or any step
     when the selection ranks on training rewards) at or after it. Several milestones crossed at once
@@ -70,7 +75,7 @@ class Narrowing:
     """
 
     def __init__(self, at: Sequence[float] = (0.05, 0.1, 0.2), keep: float = 0.5, min_size: int = 1,
-                 evaluate: bool = False) -> None:
+                 evaluate: bool = False, incumbent: bool = False) -> None:
         at = [float(a) for a in at]
         if not at:
             raise ValueError("Narrowing.at must name at least one fraction of the budget")
@@ -84,6 +89,7 @@ class Narrowing:
         self.keep = float(keep)
         self.min_size = int(min_size)
         self.evaluate = bool(evaluate)
+        self.incumbent = bool(incumbent)
         self.passed = 0  # milestones acted on
         self.elapsed_s = 0.0  # budget-clock seconds spent before this process started (resume)
 
@@ -123,7 +129,14 @@ class Narrowing:
             second = higher_first(tiebreak(agent)) if tiebreak is not None else 0.0
             return (higher_first(score(agent)), second, int(agent.index))
 
-        best = {id(a) for a in sorted(population, key=key)[:size]}
+        ranked = sorted(population, key=key)
+        chosen = ranked[:size]
+        defaults = [a for a in population if getattr(a, "default_founder", False)]
+        if self.incumbent and defaults:
+            bar = max(_finite_or(score(a), -math.inf) for a in defaults)
+            better = [a for a in chosen if getattr(a, "default_founder", False) or _finite_or(score(a), -math.inf) > bar]
+            chosen = better if len(better) >= self.min_size else ranked[:max(self.min_size, 1)]
+        best = {id(a) for a in chosen}
         return [a for a in population if id(a) in best], [a for a in population if id(a) not in best]
 
     @staticmethod
@@ -152,7 +165,13 @@ class Narrowing:
         self.elapsed_s = float(state.get("elapsed_s", 0.0))
 
     def __repr__(self) -> str:
-        return f"Narrowing(at={list(self.at)}, keep={self.keep}, min_size={self.min_size}, evaluate={self.evaluate})"
+        return (f"Narrowing(at={list(self.at)}, keep={self.keep}, min_size={self.min_size}, evaluate={self.evaluate}, "
+                f"incumbent={self.incumbent})")
+
+
+def _finite_or(value: float, default: float) -> float:
+    value = float(value)
+    return default if math.isnan(value) else value
 
 
 def tie_rank(agent) -> float:

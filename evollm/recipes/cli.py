@@ -15,7 +15,7 @@ from evollm.parallel import distributed as dist
 from evollm.config import ALGORITHMS, algorithm_class  # noqa: F401  (re-exported)
 from evollm.config.schema import ConfigError
 from evollm.run.lock import RunLock
-from evollm.run.search import search_cost
+from evollm.run.search import describe, search_cost
 from evollm.utils.atomic import write_json
 
 
@@ -234,6 +234,8 @@ def run(cfg, resume: bool, quiet: bool = False, member_values: dict | None = Non
               "train.keep_best)") if "best_state" in summary else ""
     print(f"\nwarm start fitness {result['initial_fitness']:.3f} -> best member {best.index}{origin} "
           f"fitness {result['final_fitness']:.3f}   ({took})")
+    if search is not None:
+        print("\n".join(describe(search)))
     print(f"outputs in {out}/: report.csv, lineage.csv, metrics.csv, *.png, tensorboard/, best_member/ "
           f"(evollm report {out})")
     return summary

@@ -235,3 +235,33 @@ def test_equal_held_out_scores_keep_the_default_founder_then_the_best_recent_tra
     assert [a.index for a in kept] == [0, 1, 2, 5]
     kept, _ = Narrowing(at=(0.5,)).narrow(pop, lambda a: held_out[a.index], 1, tiebreak=lambda a: 0.0)
     assert [a.index for a in kept] == [0, 1, 2, 5]
+
+
+def test_with_the_default_founder_as_incumbent_only_members_that_beat_it_keep_drawing_compute():
+    """incumbent=True: of the best half, members outside the default founder's lineage stay only when they
+    score strictly above it; with every score equal the population goes straight to that lineage."""
+    from evollm.hpo.narrowing import tie_rank
+
+    def population(held_out):
+        pop = [Stub(i) for i in range(len(held_out))]
+        pop[0].default_founder = True
+        return pop, (lambda a: held_out[a.index])
+
+    pop, score = population([0.25] * 8)  # a game's first evaluation: greedy play unchanged everywhere
+    kept, dropped = Narrowing(at=(0.5,), incumbent=True).narrow(pop, score, 1, tiebreak=tie_rank)
+    assert [a.index for a in kept] == [0] and len(dropped) == 7
+    kept, _ = Narrowing(at=(0.5,)).narrow(pop, score, 1, tiebreak=tie_rank)  # the plain schedule keeps 4
+    assert len(kept) == 4 and kept[0].index == 0
+    pop, score = population([0.40, 0.41, 0.45, 0.40, 0.39, 0.42, 0.30, 0.44])
+    kept, _ = Narrowing(at=(0.5,), incumbent=True).narrow(pop, score, 1, tiebreak=tie_rank)
+    assert [a.index for a in kept] == [1, 2, 5, 7]  # the best four, all above the founder (0.40, fifth)
+    pop, score = population([0.50, 0.41, 0.45, 0.60, 0.39, 0.42, 0.30, 0.44])
+    kept, _ = Narrowing(at=(0.5,), incumbent=True).narrow(pop, score, 1, tiebreak=tie_rank)
+    assert [a.index for a in kept] == [0, 3]  # 3 beats it; 2, 7 are among the best four but below it
+    kept, _ = Narrowing(at=(0.5,), incumbent=True, min_size=3).narrow(pop, score, 1, tiebreak=tie_rank)
+    assert [a.index for a in kept] == [0, 2, 3]  # never below min_size: filled in rank order
+    pop, score = population([0.5] * 4)
+    for a in pop:
+        a.default_founder = False  # no default lineage (left, or never): the plain schedule
+    kept, _ = Narrowing(at=(0.5,), incumbent=True).narrow(pop, score, 1, tiebreak=tie_rank)
+    assert len(kept) == 2
