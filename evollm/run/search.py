@@ -26,8 +26,8 @@ def search_cost(lineage: pd.DataFrame, metrics: pd.DataFrame, member: int, step:
     ``share`` (``steps / member_steps``), ``founder`` (the founder of its lineage, ``None`` when the
     lineage does not hold it, e.g. a kept best state), ``default_founder`` (the default founder's id,
     ``None`` when the run had none or its files predate the column) and ``from_default_founder``.
-    Hyperparameters at birth of both founders: ``founder_hyperparameters``,
-    ``default_hyperparameters``.
+    Hyperparameters at birth of both founders and of the member: ``founder_hyperparameters``,
+    ``default_hyperparameters``, ``member_hyperparameters``.
 
     >>> lineage = pd.DataFrame({"member": [0, 1, 2], "parent": [None, None, 0], "step": [0, 0, 2],
     ...                         "default_founder": [True, False, True], "hp_lr": [5e-5, 5e-4, 6e-5]})
@@ -50,7 +50,9 @@ def search_cost(lineage: pd.DataFrame, metrics: pd.DataFrame, member: int, step:
             "founder": founder, "default_founder": default,
             "from_default_founder": founder is not None and founder == default,
             "founder_hyperparameters": _hyperparameters(founders, founder),
-            "default_hyperparameters": _hyperparameters(founders, default)}
+            "default_hyperparameters": _hyperparameters(founders, default),
+            "member_hyperparameters": _hyperparameters(lineage.drop_duplicates("member", keep="last")
+                                                       .set_index("member"), int(member))}
 
 
 def describe(cost: dict[str, Any]) -> list[str]:
@@ -61,9 +63,12 @@ def describe(cost: dict[str, Any]) -> list[str]:
     if founder is None:
         return lines
     if cost["from_default_founder"]:
+        start, now = cost["default_hyperparameters"], cost.get("member_hyperparameters") or {}
+        moved = {k: v for k, v in now.items() if k in start and start[k] != v}
         lines.append(f"  it descends from founder m{founder}, the default founder (the starting hyperparameters): "
-                     "the search found nothing better, and a single run at the starting values would have had "
-                     "every member-step")
+                     + ("the search found nothing better, and a single run at the starting values would have had "
+                        "every member-step" if not moved else
+                        f"its lineage mutated them to {_hps(moved)} (from {_hps({k: start[k] for k in moved})})"))
         return lines
     mine, theirs = cost["founder_hyperparameters"], cost["default_hyperparameters"]
     names = [k for k in mine if theirs.get(k) != mine[k]] if theirs else list(mine)

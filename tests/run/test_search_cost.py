@@ -28,6 +28,11 @@ def test_the_share_of_member_steps_behind_the_member_returned_and_its_founder():
     early = search_cost(_lineage(), METRICS, member=0, step=4)  # an evaluation at step 4 counts steps 1-4 only
     assert (early["member_steps"], early["share"], early["from_default_founder"]) == (12, 4 / 12, True)
     assert "the search found nothing better" in describe(early)[1]
+    lineage = pd.concat([_lineage(), pd.DataFrame({"member": [4], "parent": pd.array([0], dtype="Int64"), "step": [4],
+                                                   "hp_lr": [6e-5], "hp_beta": [0.0], "default_founder": [True]})])
+    mutated = search_cost(lineage, METRICS, member=4, step=4)  # a mutated clone of the default founder
+    assert mutated["from_default_founder"] and mutated["member_hyperparameters"]["lr"] == 6e-5
+    assert describe(mutated)[1].endswith("its lineage mutated them to lr=6e-05 (from lr=5e-05)")
 
 
 def test_without_a_default_founder_or_a_population():
