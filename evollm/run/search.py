@@ -26,8 +26,8 @@ def search_cost(lineage: pd.DataFrame, metrics: pd.DataFrame, member: int, step:
     ``share`` (``steps / member_steps``), ``founder`` (the founder of its lineage, ``None`` when the
     lineage does not hold it, e.g. a kept best state), ``default_founder`` (the default founder's id,
     ``None`` when the run had none or its files predate the column) and ``from_default_founder``.
-    Hyperparameters at birth of both founders and of the member: ``founder_hyperparameters``,
-    ``default_hyperparameters``, ``member_hyperparameters``.
+    Hyperparameters at birth of both founders and of the member (those the founders differ in: the
+    searched ones): ``founder_hyperparameters``, ``default_hyperparameters``, ``member_hyperparameters``.
 
     >>> lineage = pd.DataFrame({"member": [0, 1, 2], "parent": [None, None, 0], "step": [0, 0, 2],
     ...                         "default_founder": [True, False, True], "hp_lr": [5e-5, 5e-4, 6e-5]})
@@ -46,13 +46,15 @@ def search_cost(lineage: pd.DataFrame, metrics: pd.DataFrame, member: int, step:
     if "default_founder" in founders.columns:
         flagged = founders.index[founders["default_founder"].fillna(False).astype(bool)]
         default = int(flagged[0]) if len(flagged) else None
+    # the searched hyperparameters: those the founders differ in (lora_rank, clip_coef... are logged for all)
+    searched = [c for c in founders.columns if c.startswith("hp_") and founders[c].nunique(dropna=True) > 1]
+    births = lineage.drop_duplicates("member", keep="last").set_index("member")
     return {"member_steps": spent, "steps": int(step), "share": step / spent if spent else math.nan,
             "founder": founder, "default_founder": default,
             "from_default_founder": founder is not None and founder == default,
-            "founder_hyperparameters": _hyperparameters(founders, founder),
-            "default_hyperparameters": _hyperparameters(founders, default),
-            "member_hyperparameters": _hyperparameters(lineage.drop_duplicates("member", keep="last")
-                                                       .set_index("member"), int(member))}
+            "founder_hyperparameters": _hyperparameters(founders, founder, searched),
+            "default_hyperparameters": _hyperparameters(founders, default, searched),
+            "member_hyperparameters": _hyperparameters(births, int(member), searched)}
 
 
 def describe(cost: dict[str, Any]) -> list[str]:
@@ -78,11 +80,11 @@ def describe(cost: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _hyperparameters(founders: pd.DataFrame, member: int | None) -> dict[str, Any]:
-    if member is None or member not in founders.index:
+def _hyperparameters(rows: pd.DataFrame, member: int | None, columns: list[str]) -> dict[str, Any]:
+    if member is None or member not in rows.index:
         return {}
-    row = founders.loc[member]
-    return {c[3:]: _plain(row[c]) for c in founders.columns if c.startswith("hp_") and pd.notna(row[c])}
+    row = rows.loc[member]
+    return {c[3:]: _plain(row[c]) for c in columns if c in rows.columns and pd.notna(row[c])}
 
 
 def _plain(value):
