@@ -218,13 +218,13 @@ def run(cfg, resume: bool, quiet: bool = False, member_values: dict | None = Non
     summary.update(best_member=best.index, outputs={k: str(v) for k, v in paths.items()})
     if population.kept is not None and best is population.kept.member:  # train.keep_best returned an earlier state
         summary["best_state"] = population.kept.info()
+    report = population.report()
     kept = summary.get("best_state")  # the kept state descends from its source member
     search = search_cost(population.lineage(), population.metrics(), kept["source"] if kept else best.index,
-                         kept["step"] if kept else int(population.report()["step"].max()))
+                         kept["step"] if kept else int(report["step"].max()))
     if search is not None:  # what the population's search cost and found (evollm.run.search)
         summary["search"] = search
     write_json(out / "summary.json", summary)
-    report = population.report()
     print("\nLast rows of the report:")
     cols = [c for c in ("step", "generation", "member", "parent", "fitness", "train_reward", "hp_lr", "hp_beta",
                         "hp_clip_coef", "hp_lora_rank") if c in report.columns]
