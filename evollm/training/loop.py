@@ -96,6 +96,7 @@ def evolve(pop: Sequence, train_step: Callable[[list, int], dict[int, dict]],
                initial=state.step, total=max_steps)
     spent_before = narrowing.elapsed_s if narrowing is not None else 0.0  # budget time of earlier processes
     on_train = getattr(tournament, "fitness", None) == "train"
+    last_eval = _last_evaluation(record, state.step)
     for step in bar:
         torch.manual_seed(seed + step)
         metrics = dist.reduce_metrics([a.index for a in agents], train_step(agents, step))
@@ -116,7 +117,9 @@ def evolve(pop: Sequence, train_step: Callable[[list, int], dict[int, dict]],
         evaluated = False
         cut = not on_train and done < max_steps and _cut_due(narrowing, len(agents), done, max_steps,
                                                              spent_before + elapsed, max_time)
-        if done % evaluation_interval == 0 or done == max_steps or stop or cut:
+        regular = done % evaluation_interval == 0 and done - last_eval >= evaluation_interval
+        if regular or done == max_steps or stop or cut:
+            last_eval = done
             started = time.perf_counter()
             fitness = evaluate_healthy(agents, evaluate)
             evaluated = True
@@ -185,9 +188,16 @@ def budget_clock(kind: str) -> Callable[[], float]:
     raise ValueError(f"max_time_clock={kind!r} is not valid; choose 'wall' or 'cpu'")
 
 
+def _last_evaluation(record: Population, step: int) -> int:
+    """Step of the last evaluation at or before ``step`` (0 when none): a resumed run keeps the rhythm of
+    evaluations, including one a narrowing brought forward."""
+    return max((int(r["step"]) for r in record.rows if int(r["step"]) <= step), default=0)
+
+
 def _cut_due(narrowing, size: int, step: int, max_steps: int, elapsed: float, max_time: float | None) -> bool:
     """Whether ``narrowing`` (with ``evaluate`` on) has a milestone due that would release members of a
-    population of ``size``: the loop then evaluates at once instead of at the next interval."""
+    population of ``size``: the loop then brings the next regular evaluation forward to this step (that
+    interval's evaluation is not repeated at its usual step, so the run evaluates as often as without)."""
     from evollm.hpo.narrowing import budget_fraction
 
     if narrowing is None or not narrowing.evaluate or narrowing.passed >= len(narrowing.at):

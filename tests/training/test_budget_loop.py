@@ -97,17 +97,20 @@ def test_narrowing_to_one_member_ends_evolution_and_the_survivor_trains_on():
     assert steps[-1] == 8 and set(report[report["step"] > last_narrowing]["member"]) == {survivor}
 
 
-def test_a_milestone_between_evaluations_evaluates_the_population_at_once():
-    """With held-out ranking a cut due between two evaluations triggers one, so it falls at its fraction of
-    the budget (step 2 of 8 for 0.25), not at the next regular evaluation (step 4); evaluate=False waits."""
-    for evaluate, cut_at in ((True, 2), (False, 4)):
+def test_a_milestone_between_evaluations_brings_the_evaluation_forward():
+    """With held-out ranking a cut due between two evaluations brings the next one forward, so it falls at its
+    fraction of the budget (step 3 of 12 for 0.25), not at the next regular evaluation (step 4); that interval's
+    evaluation is not repeated at step 4, so the run evaluates as often as with evaluate=False, which waits.
+    The selection due at step 4 ranks on the evaluation of step 3."""
+    for evaluate, cut_at in ((True, 3), (False, 4)):
         agents, record = _run(narrowing=Narrowing(at=(0.25,), keep=0.5, min_size=2, evaluate=evaluate), n=4,
-                              max_steps=8, evaluation_interval=4, evo_steps=4)
+                              max_steps=12, evaluation_interval=4, evo_steps=4)
         narrow = record.selections().query("kind == 'narrowing'")
         assert list(narrow["step"]) == [cut_at] and list(narrow["size_after"]) == [2]
         report = record.report()
-        assert sorted(set(report["step"])) == sorted({cut_at, 4, 8})  # the extra evaluation, then the rhythm
+        assert sorted(set(report["step"])) == [cut_at, 8, 12]  # three evaluations either way, then the rhythm
         assert (report[report["step"] == cut_at].groupby("step").size() == 4).all()  # every member, before the cut
+        assert list(record.selections().query("kind == 'selection'")["step"]) == [4, 8]
         assert len(agents) == 2
 
 
