@@ -135,9 +135,9 @@ class NarrowingSection(Section):
                            "members) selection and mutation stop and the members left train on; 2 keeps evolving "
                            "to the end.")
     evaluate: bool = option(False, "With ranking on held-out fitness (hpo.selection.fitness: last or mean), a "
-                            "fraction of `at` reached between two evaluations evaluates the population at once, so "
-                            "the cut falls where `at` says; false (default): it waits for the next "
-                            "train.evaluation_interval (measured: the same final scores on slow-stepping tasks, "
+                            "fraction of `at` reached between two evaluations brings that interval's evaluation forward, "
+                            "so the cut falls where `at` says (no extra evaluation); false (default): it waits for "
+                            "the next train.evaluation_interval (measured: the same final scores on slow-stepping tasks, "
                             "0.03-0.05 lower where the extra evaluations came just before regular ones).")
 
     incumbent: bool = option(False, "The default founder's lineage is the incumbent: at a cut, other members stay only "

@@ -55,9 +55,10 @@ class Narrowing:
         min_size: never narrow below this many members (at least 1; default 1). Once fewer members
             are left than the selection needs, selection and mutation stop and the rest train on.
         evaluate: with rankings on held-out fitness, a milestone reached between two evaluations
-            evaluates the population at once (an extra evaluation), so that the cut falls at its
-            fraction of the budget. Default ``False``: the cut waits for the next regular evaluation,
-            so each rung lasts at least ``evaluation_interval`` steps. Measured on the HPO benchmark
+            brings the next evaluation forward to that step (that interval's regular evaluation is not
+            repeated), so that the cut falls at its fraction of the budget and the run evaluates as often
+            as without. Default ``False``: the cut waits for the next regular evaluation, so each rung
+            lasts at least ``evaluation_interval`` steps. Measured on the HPO benchmark
             (benchmarks/README.md, 2026-11-26): the game's and the relay's first cuts came at 5-7 % of
             the budget instead of 15-19 %, and the final scores did not move (−0.004, +0.002); on the
             arithmetic tasks the extra evaluations fell a few steps before regular ones, the member
