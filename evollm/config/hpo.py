@@ -137,12 +137,15 @@ class NarrowingSection(Section):
     evaluate: bool = option(False, "With ranking on held-out fitness (hpo.selection.fitness: last or mean), a "
                             "fraction of `at` reached between two evaluations brings that interval's evaluation forward, "
                             "so the cut falls where `at` says (no extra evaluation); false (default): it waits for "
-                            "the next train.evaluation_interval (measured: the same final scores on slow-stepping tasks, "
-                            "0.03-0.05 lower where the extra evaluations came just before regular ones).")
+                            "the next train.evaluation_interval (measured alone: the same final scores on the game and "
+                            "the relay, 0.03-0.05 lower on the arithmetic tasks, cut on scores a question or two apart).")
 
     incumbent: bool = option(False, "The default founder's lineage is the incumbent: at a cut, other members stay only "
                              "when they score strictly above it (and are among the best kept); the rest are released, "
-                             "so the population may narrow faster than `keep` (never below `min_size`).")
+                             "so the population may narrow faster than `keep` (never below `min_size`). With `evaluate: true`: "
+                             "for starting values known to be good (measured: level with a single run at them on "
+                             "the game, where the defaults lose 0.05; 0.03-0.04 lower where the default lr is far "
+                             "off; the single run's score on SmolLM2, whose better rates show late).")
 
     def build(self):
         """The :class:`~evollm.hpo.narrowing.Narrowing`, or ``None`` when ``at`` is empty."""

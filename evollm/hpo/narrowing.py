@@ -59,15 +59,19 @@ class Narrowing:
             repeated), so that the cut falls at its fraction of the budget and the run evaluates as often
             as without. Default ``False``: the cut waits for the next regular evaluation, so each rung
             lasts at least ``evaluation_interval`` steps. Measured on the HPO benchmark
-            (benchmarks/README.md, 2026-11-26): the game's and the relay's first cuts came at 5-7 % of
-            the budget instead of 15-19 %, and the final scores did not move (−0.004, +0.002); on the
-            arithmetic tasks the extra evaluations fell a few steps before regular ones, the member
-            returned had fewer steps (0.85 of a single run's, against 0.91) and ended 0.03-0.05 lower.
+            (benchmarks/README.md, 2026-11-26): alone, the game's and the relay's first cuts came at
+            5-7 % of the budget instead of 15-19 % and the final scores did not move; on the arithmetic
+            tasks, cut on scores one or two questions apart, they ended 0.03-0.05 lower.
         incumbent: the default founder's lineage is the incumbent: at a cut, a member outside it stays only
             when it is among the best :meth:`target` *and* scores strictly above the best member of that
             lineage; the others are released, so the population may narrow faster than ``keep`` says
             (never below ``min_size``). With nothing better than the starting values on the evidence,
-            the compute goes to them. No effect once the lineage is gone. Default ``False``.
+            the compute goes to them. No effect once the lineage is gone. Default ``False``. With
+            ``evaluate`` it is the setting for starting values known to be good: the first cut comes at
+            5 % of the budget, where greedy scores are often all equal, and the population is then the
+            default run with 0.9-1.0 of its steps (measured: level with it on the game, where the
+            library's defaults lose 0.05; 0.03-0.04 lower than the defaults where the default lr is far
+            off; on SmolLM2, whose better rates show after 25 steps per member, the default run).
 
     A milestone is acted on at the first step that has a fresh ranking (an evaluation, or any step
     when the selection ranks on training rewards) at or after it. Several milestones crossed at once
