@@ -15,6 +15,7 @@ import torch
 
 from .. import functional as F
 from evollm.parallel import zero
+from evollm.parallel.distributed import is_distributed
 from .acting import Acting, ActionResult  # noqa: F401 - ActionResult: what get_action returns
 from .base import AgentConfig, LLMAgent
 from ..utils.fields import documented
@@ -254,6 +255,13 @@ def grpo_update(agents: Sequence[GRPO], experiences: Sequence) -> list[dict[str,
     the result equals learning member by member. The metrics say which path ran (``learn_path``) and
     in how many passes per minibatch (``learn_chunks``)."""
     batches = [_prepare(a, e) for a, e in zip(agents, experiences)]
+    idle = [i for i, (a, b) in enumerate(zip(agents, batches)) if _zero_gradient(a, b)]
+    if idle:  # no signal: these members' loss and gradient are exactly zero, only their optimizers step
+        out = {i: _optimizer_only_update(agents[i], batches[i]) for i in idle}
+        rest = [i for i in range(len(agents)) if i not in out]
+        if rest:
+            out.update(zip(rest, grpo_update([agents[i] for i in rest], [experiences[i] for i in rest])))
+        return [out[i] for i in range(len(agents))]
     if any(b.seqs.shape[0] == 0 for b in batches):  # dynamic sampling left a member nothing to learn from
         return [_no_update(a, b) if b.seqs.shape[0] == 0 else grpo_update([a], [e])[0]
                 for a, b, e in zip(agents, batches, experiences)]
@@ -349,6 +357,43 @@ def _learn_chunk(agents, batches, rows, stats) -> None:
         record(st, loss=loss.detach(), kl=s["kl"], approx_kl=s["approx_kl"], clip_fraction=s["clip_fraction"],
                entropy=F.masked_mean(ent, m), shared_prompt=info["shared_prompt"])
     total.backward()
+
+
+#: skip the forwards and backward of a member whose every advantage is zero (tests switch it off to
+#: compare with the full path)
+SKIP_ZERO_GRADIENT = True
+
+
+def _zero_gradient(agent: GRPO, batch: _Prepared) -> bool:
+    """Whether ``agent``'s update from ``batch`` has an exactly zero loss and gradient, so that its
+    forwards and backward can be skipped without changing the result: every advantage is zero (each
+    group's rewards are equal), no KL term (``beta == 0``), no ``target_kl`` early stop (which reads the
+    forwards), one process and no DeepSpeed engine (whose steps are collective)."""
+    c = agent.config
+    return (SKIP_ZERO_GRADIENT and batch.seqs.shape[0] > 0 and c.beta == 0 and getattr(c, "target_kl", None) is None
+            and not is_distributed() and not zero.is_zero(agent.optimizer) and not bool(batch.advantages.any()))
+
+
+def _optimizer_only_update(agent: GRPO, batch: _Prepared) -> dict[str, float]:
+    """The update of a member whose gradient is exactly zero (:func:`_zero_gradient`), without its
+    forwards and backward: the optimizer takes the same steps (every epoch and minibatch) on zero
+    gradients, so AdamW's moments decay and its momentum and weight decay still move the adapter exactly
+    as the full update would. Entropy and ``approx_kl`` are not measured (``nan``)."""
+    c = agent.config
+    params = agent.shared.parameters(agent.adapter_name("actor"))
+    rows = batch.seqs.shape[0]
+    steps = c.update_epochs * len(range(0, rows, min(c.batch_size, rows)))
+    for _ in range(steps):
+        for p in params:
+            p.grad = torch.zeros_like(p)
+        agent.clip_and_step(params)
+    agent.steps += 1
+    grouped = batch.rewards.reshape(-1, c.group_size)
+    return {"loss": 0.0, "kl": 0.0, "approx_kl": float("nan"), "clip_fraction": 0.0, "entropy": float("nan"),
+            "grad_norm": 0.0, "epochs": float(c.update_epochs), "mean_reward": float(batch.rewards.mean()),
+            "zero_std_groups": float((grouped.max(1).values == grouped.min(1).values).float().mean()),
+            "completion_length": float(batch.mask.sum(1).float().mean()), "learn_path": "no_gradient",
+            "learn_chunks": 0.0}
 
 
 def _no_update(agent: GRPO, batch: _Prepared) -> dict[str, float]:

@@ -169,3 +169,44 @@ def test_fused_population_update_equals_member_by_member(tiny, arithmetic_env):
             torch.testing.assert_close(p, q, atol=5e-4, rtol=0)  # Adam steps are ~lr; fp noise only
         assert mf["loss"] == pytest.approx(ma["loss"], rel=1e-4, abs=1e-6)
         assert mf["kl"] == pytest.approx(ma["kl"], rel=1e-4, abs=1e-7)
+
+
+def test_no_signal_update_skips_the_forwards_and_equals_the_full_update(tiny, arithmetic_env, monkeypatch):
+    """A batch whose every group has equal rewards has an exactly zero loss and gradient: the update
+    skips its forwards and backward (no logprob call), yet the optimizer takes the same steps, so
+    AdamW's momentum and weight decay move the adapter exactly as the full update does."""
+    from evollm.algorithms import grpo as grpo_module
+
+    model, tok = tiny
+    pop = make_grpo(model, tok, n=2, lr=1e-2, batch_size=8, update_epochs=2, weight_decay=0.1)
+    prompts = arithmetic_env.reset()
+    ids, masks = pop[0].get_action(prompts)
+    signal = torch.tensor([[1.0, 0, 0, 1]] * 4)
+    pop[0].learn((ids, masks, signal))  # momentum from an informative step
+    twin = pop[0].clone()
+    flat = torch.tensor([[1.0, 1, 1, 1], [0.0, 0, 0, 0]] * 2)  # every group equal: no signal
+
+    calls = []
+    original = grpo_module._joint_logprobs
+    monkeypatch.setattr(grpo_module, "_joint_logprobs", lambda *a, **k: calls.append(1) or original(*a, **k))
+    skipped = pop[0].learn((ids, masks, flat))
+    assert calls == [] and skipped["learn_path"] == "no_gradient" and skipped["zero_std_groups"] == 1.0
+    assert skipped["loss"] == 0.0 and skipped["epochs"] == 2.0 and skipped["mean_reward"] == 0.5
+
+    monkeypatch.setattr(grpo_module, "SKIP_ZERO_GRADIENT", False)
+    full = twin.learn((ids, masks, flat))
+    assert calls and full["learn_path"] != "no_gradient" and full["grad_norm"] == 0.0
+    assert pop[0].steps == twin.steps
+    moved = False
+    for p, q, r in zip(pop[0].shared.parameters(pop[0].adapter_name()), twin.shared.parameters(twin.adapter_name()),
+                       pop[1].shared.parameters(pop[1].adapter_name())):
+        torch.testing.assert_close(p, q, atol=1e-7, rtol=0)
+    for p, q in zip(pop[0].optimizer.state_dict()["state"].values(), twin.optimizer.state_dict()["state"].values()):
+        torch.testing.assert_close(p["exp_avg"], q["exp_avg"], atol=1e-9, rtol=0)
+        moved = moved or bool(p["exp_avg"].abs().sum() > 0)
+    assert moved  # the momentum the skipped update applied was real
+
+    # in a population, a member with signal still learns through the shared passes beside a skipped one
+    monkeypatch.setattr(grpo_module, "SKIP_ZERO_GRADIENT", True)
+    out = GRPO.learn_population(pop, [(ids, masks, flat), (ids, masks, signal)])
+    assert out[0]["learn_path"] == "no_gradient" and out[1]["learn_path"] != "no_gradient" and out[1]["grad_norm"] > 0
