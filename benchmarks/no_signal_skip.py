@@ -1,7 +1,7 @@
 """What skipping the forwards and backward of a no-signal GRPO update buys on a real model.
 
 A GRPO batch whose every group has equal rewards has an exactly zero loss and gradient; the update then
-only steps the optimizer (``evollm.algorithms.grpo._optimizer_only_update``). This runs one member on a
+only steps the optimizer (``evollm.algorithms.updates.optimizer_only_update``). This runs one member on a
 config's task for ``--steps`` steps with the skip on and off (same seed), and prints the CPU time of each,
 the share of steps without signal, and the final held-out score of both (equal up to float noise).
 
@@ -23,9 +23,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 def run(cfg, task, skip: bool, steps: int, seed: int, lr: float | None) -> dict:
     from benchmarks.hpo.arms import members_of, with_overrides
-    from evollm.algorithms import grpo
+    from evollm.algorithms import updates
 
-    grpo.SKIP_ZERO_GRADIENT = skip
+    updates.SKIP_ZERO_GRADIENT = skip
     sets = ["algorithm.population_size=1", "hpo={}", f"seed={seed}"] + ([f"algorithm.hyperparameters.lr={lr}"] if lr else [])
     task.new_run()
     torch.manual_seed(seed)

@@ -15,13 +15,12 @@ import torch
 
 from .. import functional as F
 from evollm.parallel import zero
-from evollm.parallel.distributed import is_distributed
 from .acting import Acting, ActionResult  # noqa: F401 - ActionResult: what get_action returns
 from .base import AgentConfig, LLMAgent
 from ..utils.fields import documented
 from .compat import agilerl_style_test, is_evollm_env
 from .memory_plan import learn_path, member_chunks
-from .updates import mean_metrics, record, run_epochs
+from .updates import mean_metrics, optimizer_only_update, record, run_epochs, zero_gradient
 from ..rollout import attention_from_sequences, evaluate_population, first_target, member_logprobs, stack_rows
 
 
@@ -255,7 +254,7 @@ def grpo_update(agents: Sequence[GRPO], experiences: Sequence) -> list[dict[str,
     the result equals learning member by member. The metrics say which path ran (``learn_path``) and
     in how many passes per minibatch (``learn_chunks``)."""
     batches = [_prepare(a, e) for a, e in zip(agents, experiences)]
-    idle = [i for i, (a, b) in enumerate(zip(agents, batches)) if _zero_gradient(a, b)]
+    idle = [i for i, (a, b) in enumerate(zip(agents, batches)) if zero_gradient(a, b.advantages, b.seqs.shape[0])]
     if idle:  # no signal: these members' loss and gradient are exactly zero, only their optimizers step
         out = {i: _optimizer_only_update(agents[i], batches[i]) for i in idle}
         rest = [i for i in range(len(agents)) if i not in out]
@@ -359,34 +358,12 @@ def _learn_chunk(agents, batches, rows, stats) -> None:
     total.backward()
 
 
-#: skip the forwards and backward of a member whose every advantage is zero (tests switch it off to
-#: compare with the full path)
-SKIP_ZERO_GRADIENT = True
-
-
-def _zero_gradient(agent: GRPO, batch: _Prepared) -> bool:
-    """Whether ``agent``'s update from ``batch`` has an exactly zero loss and gradient, so that its
-    forwards and backward can be skipped without changing the result: every advantage is zero (each
-    group's rewards are equal), no KL term (``beta == 0``), no ``target_kl`` early stop (which reads the
-    forwards), one process and no DeepSpeed engine (whose steps are collective)."""
-    c = agent.config
-    return (SKIP_ZERO_GRADIENT and batch.seqs.shape[0] > 0 and c.beta == 0 and getattr(c, "target_kl", None) is None
-            and not is_distributed() and not zero.is_zero(agent.optimizer) and not bool(batch.advantages.any()))
-
-
 def _optimizer_only_update(agent: GRPO, batch: _Prepared) -> dict[str, float]:
-    """The update of a member whose gradient is exactly zero (:func:`_zero_gradient`), without its
-    forwards and backward: the optimizer takes the same steps (every epoch and minibatch) on zero
-    gradients, so AdamW's moments decay and its momentum and weight decay still move the adapter exactly
-    as the full update would. Entropy and ``approx_kl`` are not measured (``nan``)."""
+    """The update of a member whose gradient is exactly zero, without its forwards and backward
+    (:func:`~evollm.algorithms.updates.optimizer_only_update`). Entropy and ``approx_kl`` are not
+    measured (``nan``)."""
     c = agent.config
-    params = agent.shared.parameters(agent.adapter_name("actor"))
-    rows = batch.seqs.shape[0]
-    steps = c.update_epochs * len(range(0, rows, min(c.batch_size, rows)))
-    for _ in range(steps):
-        for p in params:
-            p.grad = torch.zeros_like(p)
-        agent.clip_and_step(params)
+    optimizer_only_update(agent, agent.shared.parameters(agent.adapter_name("actor")), batch.seqs.shape[0])
     agent.steps += 1
     grouped = batch.rewards.reshape(-1, c.group_size)
     return {"loss": 0.0, "kl": 0.0, "approx_kl": float("nan"), "clip_fraction": 0.0, "entropy": float("nan"),

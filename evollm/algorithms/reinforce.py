@@ -25,7 +25,7 @@ from ..rollout import first_target, loss_forward
 from .base import AgentConfig, LLMAgent
 from ..utils.fields import documented
 from .compat import with_turn_ids
-from .updates import mean_metrics, record, run_epochs
+from .updates import mean_metrics, optimizer_only_update, record, run_epochs, zero_gradient
 from .multiturn_rollout import (EpisodeAgent, EpisodeBatch, episode_batch, last_token_of_turn, pack_actions,
                                 unpack_actions)
 
@@ -92,6 +92,8 @@ class LLMREINFORCE(EpisodeAgent):
         ids, attn, mask = batch.input_ids.to(dev), batch.attention_mask.to(dev), batch.action_mask.to(dev)
         advantages = self.normalised_returns(batch).to(dev)
         n = ids.shape[0]
+        if zero_gradient(self, advantages, n):  # every return equal: no signal, only the optimizer steps
+            return self._optimizer_only_metrics(batch, n)
         needs_old = c.update_epochs > 1 or c.batch_size < n
         first = first_target(mask)  # the loss reads no column before the first action token
         old_logp = self.get_logprobs(ids, attn, start=first) if needs_old else None
@@ -116,7 +118,19 @@ class LLMREINFORCE(EpisodeAgent):
         with loss_forward(self.shared, self.adapter_name("actor"), True, c.disable_dropout) as model:
             stats = run_epochs([self], n, step, [{k: [] for k in METRICS}])[0]
         self.steps += 1
-        metrics = mean_metrics(stats)
+        return self._metrics(mean_metrics(stats), batch)
+
+    def _optimizer_only_metrics(self, batch, n: int) -> dict[str, float]:
+        """The update of a batch whose advantages are all zero, without its forwards and backward
+        (:func:`~evollm.algorithms.updates.optimizer_only_update`); entropy and ``approx_kl`` not measured."""
+        optimizer_only_update(self, self.shared.parameters(self.adapter_name("actor")), n)
+        self.steps += 1
+        nan = float("nan")
+        return self._metrics({"loss": 0.0, "kl": 0.0, "approx_kl": nan, "clip_fraction": 0.0, "entropy": nan,
+                              "grad_norm": 0.0, "epochs": float(self.config.update_epochs)}, batch)
+
+    @staticmethod
+    def _metrics(metrics: dict, batch) -> dict[str, float]:
         returns = batch.episode_returns()
         metrics.update(mean_reward=float(returns.mean()), mean_return=float(returns.mean()),
                        mean_turns=float(batch.turn_mask().sum(1).float().mean()),

@@ -14,6 +14,13 @@ from typing import Callable, Sequence
 
 import torch
 
+from evollm.parallel import zero
+from evollm.parallel.distributed import is_distributed
+
+#: skip the forwards and backward of an update whose every advantage is zero (tests switch it off to
+#: compare with the full update)
+SKIP_ZERO_GRADIENT = True
+
 #: ``stats[i][name]``: the values of member ``i``'s metric ``name``, one per minibatch step
 Stats = list[dict[str, list[float]]]
 #: ``step(members, rows, stats)``: one minibatch of the members still updating (indices into the agents),
@@ -62,3 +69,25 @@ def record(stats: dict[str, list[float]], **values: float) -> None:
 def mean_metrics(stats: dict[str, list[float]]) -> dict[str, float]:
     """A member's metrics: the mean of each stat over its minibatch steps."""
     return {k: sum(v) / len(v) for k, v in stats.items() if v}
+
+
+def zero_gradient(agent, advantages: torch.Tensor, rows: int) -> bool:
+    """Whether ``agent``'s update on ``rows`` rows with ``advantages`` has an exactly zero loss and
+    gradient, so its forwards and backward can be skipped without changing the result: every advantage
+    is zero (no signal: each GRPO group's, or the whole ReBN batch's, rewards are equal), no KL term
+    (``beta == 0``), no ``target_kl`` early stop (which reads the forwards), one process and no
+    DeepSpeed engine (their steps are collective)."""
+    c = agent.config
+    return (SKIP_ZERO_GRADIENT and rows > 0 and getattr(c, "beta", 0.0) == 0 and getattr(c, "target_kl", None) is None
+            and not is_distributed() and not zero.is_zero(agent.optimizer) and not bool(advantages.any()))
+
+
+def optimizer_only_update(agent, params: list[torch.nn.Parameter], rows: int) -> None:
+    """The optimizer steps of an update with a zero gradient (:func:`zero_gradient`), without its
+    forwards and backward: one step per epoch and minibatch on zero gradients, so AdamW's moments decay
+    and its momentum and weight decay move the adapter exactly as the full update would."""
+    c = agent.config
+    for _ in range(c.update_epochs * len(range(0, rows, min(c.batch_size, rows)))):
+        for p in params:
+            p.grad = torch.zeros_like(p)
+        agent.clip_and_step(params)
