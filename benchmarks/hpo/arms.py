@@ -152,13 +152,10 @@ def hps(agent) -> dict:
 
 
 def library_best(state):
-    """The member the library would hand back now (:meth:`Population.best` over the live members, and
-    the run's kept best state when ``train.keep_best`` keeps one)."""
-    kept = getattr(state.record, "kept", None)
-    if kept is not None and kept.beats(state.agents):
-        return kept.member
-    scored = [a for a in state.agents if a.fitness]
-    return max(scored, key=lambda a: a.fitness[-1]) if scored else state.agents[0]
+    """The member the library would hand back now (:meth:`Population.best` over the live members, with
+    the run's kept best state, ``train.keep_best``, and a member parked by a stall swap,
+    ``hpo.narrowing.revive``)."""
+    return state.record.best(state.agents)
 
 
 # --------------------------------------------------------------------------- the arms' configs
@@ -249,7 +246,7 @@ def run_population(task, cfg, rec: Recorder, mutate: bool, evo_set: list[str] = 
     live: dict = {}
 
     def recommend(state):
-        live["agents"] = state.agents
+        live["agents"], live["record"] = state.agents, state.record
         return library_best(state)
 
     try:
@@ -260,7 +257,9 @@ def run_population(task, cfg, rec: Recorder, mutate: bool, evo_set: list[str] = 
         pass
     return {"founders": founders, "population_size": len(members), "evo_steps": cfg.train.evo_steps,
             "evaluation_interval": cfg.train.evaluation_interval, "mutation": cfg.hpo.mutation.to_dict(),
-            "selection": cfg.hpo.selection.to_dict(), "final_members": [hps(a) for a in live.get("agents", [])]}
+            "selection": cfg.hpo.selection.to_dict(), "final_members": [hps(a) for a in live.get("agents", [])],
+            "revivals": [{k: r[k] for k in ("step", "kept", "dropped", "scores", "budget_fraction")}
+                         for r in getattr(live.get("record"), "selection_rows", []) if r["kind"] == "revival"]}
 
 
 def run_single(task, cfg, rec: Recorder, fixed: dict | None = None) -> dict:

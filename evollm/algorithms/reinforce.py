@@ -127,7 +127,8 @@ class LLMREINFORCE(EpisodeAgent):
         self.steps += 1
         nan = float("nan")
         return self._metrics({"loss": 0.0, "kl": 0.0, "approx_kl": nan, "clip_fraction": 0.0, "entropy": nan,
-                              "grad_norm": 0.0, "epochs": float(self.config.update_epochs)}, batch)
+                              "grad_norm": 0.0, "epochs": float(self.config.update_epochs),
+                              "learn_path": "no_gradient"}, batch)
 
     @staticmethod
     def _metrics(metrics: dict, batch) -> dict[str, float]:

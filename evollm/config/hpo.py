@@ -147,6 +147,14 @@ class NarrowingSection(Section):
                              "the game, where the defaults lose 0.05; 0.03-0.04 lower where the default lr is far "
                              "off; the single run's score on SmolLM2, whose better rates show late).")
 
+    revive: bool = option(True, "Keep the best member each cut releases as a reserve (parked: memory, no compute); when "
+                          "the member training alone stalls (`patience` evaluations without a new best, most of its "
+                          "steps without a learning signal: every GRPO group's rewards equal), the reserve trains on "
+                          "in its place, once per run, and the better of the two by held-out fitness is returned "
+                          "(measured on SmolLM2, where a lone member can collapse onto a plateau: benchmarks/README.md).")
+    patience: int = option(3, "Evaluations without a new best fitness before a member whose steps carry no learning "
+                           "signal counts as stalled (with `revive`).")
+
     def build(self):
         """The :class:`~evollm.hpo.narrowing.Narrowing`, or ``None`` when ``at`` is empty."""
         if not self.at:
@@ -154,7 +162,7 @@ class NarrowingSection(Section):
         from evollm.hpo.narrowing import Narrowing
         try:
             return Narrowing(at=self.at, keep=self.keep, min_size=self.min_size, evaluate=self.evaluate,
-                             incumbent=self.incumbent)
+                             incumbent=self.incumbent, revive=self.revive, patience=self.patience)
         except ValueError as e:
             raise ConfigError(f"hpo.narrowing: {e}") from e
 

@@ -26,6 +26,37 @@ def narrowed_size(size: int, keep: float, min_size: int) -> int:
 
 #: training steps whose rewards break a narrowing's ties (:func:`recent_reward`)
 TIE_WINDOW = 10
+#: evaluations without a new best after which a member whose steps carry no signal has stalled (:func:`stalled`)
+STALL_PATIENCE = 3
+#: share of a member's recent steps without a learning signal for :func:`stalled`
+STALL_NO_SIGNAL = 0.5
+
+
+def stalled(fitness: Sequence[float], no_signal: Sequence[bool], patience: int = STALL_PATIENCE,
+            share: float = STALL_NO_SIGNAL) -> bool:
+    """Whether a member has stopped learning: none of its last ``patience`` evaluations (``fitness``, oldest
+    first) is above its best before them, *and* at least ``share`` of its training steps over those
+    evaluations (``no_signal``: one flag per step, True when the step had no learning signal, e.g. every
+    GRPO group with equal rewards) carried no signal. Flat fitness alone is not enough (a member may be
+    improving below the resolution of a greedy evaluation); flat fitness on steps whose samples all agree
+    is a policy that can no longer learn from its own samples.
+
+    >>> stalled([0.10, 0.22, 0.22, 0.21, 0.22], [True] * 9 + [False])
+    True
+    >>> stalled([0.10, 0.22, 0.22, 0.21, 0.25], [True] * 10)  # a new best: still learning
+    False
+    >>> stalled([0.10, 0.22, 0.22, 0.21, 0.22], [False] * 6 + [True] * 4)  # its steps still carry signal
+    False
+    >>> stalled([0.22, 0.22, 0.22], [True] * 10)  # not yet patience + 1 evaluations
+    False
+    """
+    fitness = [float(f) for f in fitness]
+    if len(fitness) <= patience or not no_signal:
+        return False
+    before, recent = fitness[:-patience], fitness[-patience:]
+    if any(math.isnan(f) for f in recent) or max(recent) > max(before):
+        return False
+    return sum(bool(x) for x in no_signal) >= share * len(no_signal)
 
 
 def budget_fraction(step: int, max_steps: int, elapsed: Optional[float] = None,
@@ -72,6 +103,17 @@ class Narrowing:
             default run with 0.9-1.0 of its steps (measured: level with it on the game, where the
             library's defaults lose 0.05; 0.03-0.04 lower than the defaults where the default lr is far
             off; on SmolLM2, whose better rates show after 25 steps per member, the default run).
+        revive: keep the best member each cut releases as a *reserve* (parked on the shared base: memory,
+            no compute), and when a member training alone (the schedule finished, selection stopped) has
+            :func:`stalled` (``patience`` evaluations without a new best, most of its steps without a
+            learning signal), swap them: the stalled member is parked with its last fitness and the reserve
+            trains on in its place, once per run. At the end the run returns the better of the two by
+            their last held-out fitness, so a swap never hands back less than the stalled member scored.
+            Default ``True``. Why: a lone GRPO member can collapse onto samples that all score alike and
+            then has no gradient for the rest of the run (measured on SmolLM2: half the seeds sat on a
+            plateau for 450 steps, benchmarks/README.md); keeping two members to the end instead
+            (``min_size=2``) halves the survivor's steps and cost 0.02-0.08 on every other task.
+        patience: evaluations without a new best before a member without signal has stalled (default 3).
 
     A milestone is acted on at the first step that has a fresh ranking (an evaluation, or any step
     when the selection ranks on training rewards) at or after it. Several milestones crossed at once
@@ -80,7 +122,8 @@ class Narrowing:
     """
 
     def __init__(self, at: Sequence[float] = (0.05, 0.1, 0.2), keep: float = 0.5, min_size: int = 1,
-                 evaluate: bool = False, incumbent: bool = False) -> None:
+                 evaluate: bool = False, incumbent: bool = False, revive: bool = True,
+                 patience: int = STALL_PATIENCE) -> None:
         at = [float(a) for a in at]
         if not at:
             raise ValueError("Narrowing.at must name at least one fraction of the budget")
@@ -90,11 +133,15 @@ class Narrowing:
             raise ValueError(f"Narrowing.keep must be in (0, 1), got {keep!r}")
         if int(min_size) < 1:
             raise ValueError(f"Narrowing.min_size must be >= 1, got {min_size!r}")
+        if int(patience) < 1:
+            raise ValueError(f"Narrowing.patience must be >= 1 evaluation, got {patience!r}")
         self.at = tuple(at)
         self.keep = float(keep)
         self.min_size = int(min_size)
         self.evaluate = bool(evaluate)
         self.incumbent = bool(incumbent)
+        self.revive = bool(revive)
+        self.patience = int(patience)
         self.passed = 0  # milestones acted on
         self.elapsed_s = 0.0  # budget-clock seconds spent before this process started (resume)
 
@@ -171,7 +218,12 @@ class Narrowing:
 
     def __repr__(self) -> str:
         return (f"Narrowing(at={list(self.at)}, keep={self.keep}, min_size={self.min_size}, evaluate={self.evaluate}, "
-                f"incumbent={self.incumbent})")
+                f"incumbent={self.incumbent}, revive={self.revive}, patience={self.patience})")
+
+    @property
+    def finished(self) -> bool:
+        """Whether every milestone has been acted on (the population is at its final size)."""
+        return self.passed >= len(self.at)
 
 
 def _finite_or(value: float, default: float) -> float:

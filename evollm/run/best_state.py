@@ -42,6 +42,24 @@ def best_of_evaluation(agents: Sequence, fitness: Sequence[float]) -> tuple[int,
     return i, f
 
 
+def write_parked(member, folder: Path, name: str, info_file: str, info: dict) -> None:
+    """Write a member outside the population (kept best state, reserve) into ``folder/name/`` (the member
+    file format) with ``info`` as ``info_file`` beside it: part of a run checkpoint."""
+    out = write_agent(member, Path(folder) / name)
+    (out / info_file).write_text(json.dumps(info, indent=1))
+
+
+def read_parked(folder: Path, name: str, info_file: str, live: Sequence):
+    """``(member, info)`` written by :func:`write_parked` into checkpoint ``folder``, restored onto the base of
+    ``live`` (cloned from a live member of the same kind, with the saved id, rank and files); ``None`` when
+    the checkpoint has none."""
+    where = Path(folder) / name
+    if not (where / info_file).is_file():
+        return None
+    info = json.loads((where / info_file).read_text())
+    return load_member(list(live), where, int(info["member"])), info
+
+
 class KeptBest:
     """The best evaluated state of the run (see the module docstring); ``member`` is ``None`` until the
     first evaluation."""
@@ -85,22 +103,18 @@ class KeptBest:
     def save(self, folder: Path) -> None:
         """Write the kept member into ``folder/kept_best/`` (part of a run checkpoint); nothing before
         the first evaluation."""
-        if self.member is None:
-            return
-        out = write_agent(self.member, Path(folder) / KEPT_DIR)
-        (out / KEPT_FILE).write_text(json.dumps(self.info(), indent=1))
+        if self.member is not None:
+            write_parked(self.member, folder, KEPT_DIR, KEPT_FILE, self.info())
 
     def load(self, folder: Path, live: Sequence) -> None:
         """Restore the kept member of checkpoint ``folder`` onto the base of ``live`` (cloned from a live
         member of the same kind, with the saved id, rank and files). A checkpoint without one leaves
         nothing kept."""
-        kept_dir = Path(folder) / KEPT_DIR
         if self.member is not None:
             self.member.release()
         self.member, self.source, self.step, self.fitness = None, None, None, -math.inf
-        if not (kept_dir / KEPT_FILE).is_file():
-            return
-        info = json.loads((kept_dir / KEPT_FILE).read_text())
-        member = load_member(list(live), kept_dir, int(info["member"]))
-        self.member, self.source, self.step = member, info.get("source"), info.get("step")
-        self.fitness = float(info["fitness"])
+        found = read_parked(folder, KEPT_DIR, KEPT_FILE, live)
+        if found is not None:
+            member, info = found
+            self.member, self.source, self.step = member, info.get("source"), info.get("step")
+            self.fitness = float(info["fitness"])

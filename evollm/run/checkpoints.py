@@ -227,6 +227,8 @@ class RunCheckpointer:
         state.record.members = list(restored)
         if getattr(state.record, "kept", None) is not None:  # keep_best: the run's best state comes back too
             state.record.kept.load(folder, restored)
+        if getattr(state.record, "reserve", None) is not None:  # hpo.narrowing.revive: the parked runner-up
+            state.record.reserve.load(folder, restored)
         restore_components(run, self.env, self.mutation, self.selection, folder, narrowing=self.narrowing)
         restore_rng(run["rng"], rng_tensors)
         state.step, state.agents = run["step"], restored

@@ -67,6 +67,9 @@ class Population:
         #: the best evaluated state of the run (:class:`~evollm.run.best_state.KeptBest`) when the loop
         #: keeps one (``keep_best``), else ``None``
         self.kept = None
+        #: the runner-up a narrowing parked for a member that stalls
+        #: (:class:`~evollm.run.reserve.Reserve`, ``hpo.narrowing.revive``), else ``None``
+        self.reserve = None
         for agent in agents or []:
             self.add_founder(agent)
 
@@ -123,6 +126,12 @@ class Population:
         """A narrowing of the population (``result.dropped`` released for good, ``result.population``
         kept as they are) at ``fraction`` of the budget; ``tied``: the cut fell between equal scores."""
         self._selection_row("narrowing", result, step, stderr, source, budget_fraction=float(fraction), tied=tied)
+        self.members = list(result.population)
+
+    def record_revival(self, result, step: int, fraction: float) -> None:
+        """A stall swap (``hpo.narrowing.revive``): ``result.dropped`` (the stalled member, parked) gave its
+        place to the reserve in ``result.population``."""
+        self._selection_row("revival", result, step, None, "last", budget_fraction=float(fraction))
         self.members = list(result.population)
 
     def _selection_row(self, kind: str, result, step: int, stderr: dict[int, float] | None, source: str,
@@ -185,7 +194,8 @@ class Population:
         return typed(pd.DataFrame(self.metric_rows), METRICS_DTYPES)
 
     def selections(self) -> pd.DataFrame:
-        """One row per selection (``kind == "selection"``) or narrowing (``"narrowing"``): step,
+        """One row per selection (``kind == "selection"``), narrowing (``"narrowing"``) or stall swap
+        (``"revival"``: ``dropped`` is the stalled member, parked, ``kept`` the reserve that took its place): step,
         generation, ``source`` of the scores (``last``/``mean``: held-out fitness, ``train``: running
         mean of training rewards), ``size_before``/``size_after``, ``best`` member, ``kept`` and
         ``dropped`` member ids (space-separated; a narrowing's dropped members are released for good),
@@ -219,14 +229,18 @@ class Population:
             raise ValueError("to_optuna needs an hp_config (none of the members has one)")
         return population_to_study(self.lineage(), self.report(), hp_config, study_name, storage)
 
-    def best(self):
-        """The current member with the highest last fitness, among members evaluated since their
-        birth (clones start with an empty fitness history, so an unevaluated clone never wins); with a
-        kept best state (``keep_best``) whose fitness is strictly higher than all of theirs, that one."""
-        if self.kept is not None and self.kept.beats(self.members):
-            return self.kept.member
-        scored = [a for a in self.members if a.fitness]
-        return max(scored, key=lambda a: a.fitness[-1]) if scored else self.members[0]
+    def best(self, members: Sequence | None = None):
+        """The current member (of ``members``, default :attr:`members`) with the highest last fitness,
+        among members evaluated since their birth (clones start with an empty fitness history, so an
+        unevaluated clone never wins); with a kept best state (``keep_best``) or a member parked by a
+        stall swap (``hpo.narrowing.revive``) whose fitness is strictly higher than all of theirs, the
+        higher of those."""
+        members = list(self.members if members is None else members)
+        outside = [e for e in (self.kept, self.reserve) if e is not None and e.beats(members)]
+        if outside:
+            return max(outside, key=lambda e: e.fitness).member
+        scored = [a for a in members if a.fitness]
+        return max(scored, key=lambda a: a.fitness[-1]) if scored else members[0]
 
     # ------------------------------------------------------------------ files
     def write(self, out_dir: str | Path, plots: bool = True) -> dict[str, Path]:

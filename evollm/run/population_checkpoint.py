@@ -19,7 +19,7 @@ from .population import Population
 def save_population(agents, population, path: str | Path, extra_files=None) -> Path:
     """Every member (``member_<id>/``, as :func:`save_agent`) plus the population record
     (``population.json``: births, mutations, every measurement, member order, the ids used on the base
-    and its fingerprint) and the run's kept best state (``kept_best/``, when kept), atomically.
+    and its fingerprint) the run's kept best state (``kept_best/``, when kept) and its reserve (``reserve/``), atomically.
     ``extra_files(tmp_folder)`` may add files before the manifest."""
     path = Path(path)
     with atomic_folder(path, "population") as tmp:
@@ -33,6 +33,8 @@ def save_population(agents, population, path: str | Path, extra_files=None) -> P
         (tmp / "population.json").write_text(json.dumps(state, indent=1, default=jsonable))
         if getattr(population, "kept", None) is not None:  # the run's best evaluated state (keep_best)
             population.kept.save(tmp)
+        if getattr(population, "reserve", None) is not None:  # the runner-up parked for a stall (revive)
+            population.reserve.save(tmp)
         if extra_files is not None:
             extra_files(tmp)
     return path

@@ -21,9 +21,11 @@ from evollm.parallel import distributed as dist
 from evollm.parallel import zero
 from evollm.run.best_state import KeptBest
 from evollm.run.population import Population
+from evollm.run.reserve import Reserve
 from ..rollout import evaluate_population, generate_population
 from ..run.measure import member_tokens, with_costs
 from .dynamic_sampling import refill
+from .revival import park_runner_up, revive_stalled
 from .callbacks import Callback, LoopState, call
 from .quarantine import check_members, evaluate_healthy, healthy, replace_quarantined, stop_if_none_healthy
 from ..algorithms.compat import wants_vllm
@@ -87,6 +89,8 @@ def evolve(pop: Sequence, train_step: Callable[[list, int], dict[int, dict]],
     log = log or (lambda msg: tqdm.write(msg))
     if s.keep_best and getattr(record, "kept", None) is None:
         record.kept = KeptBest()  # before on_train_begin: a resumed run restores it
+    if narrowing is not None and narrowing.revive and getattr(record, "reserve", None) is None:
+        record.reserve = Reserve()  # likewise: the runner-up a cut parks (hpo.narrowing.revive)
     state = LoopState(0, max_steps, agents, record)
     call(callbacks, "on_train_begin", state)  # a resuming callback may move state.step/agents/since_eval
     agents, since_eval = list(state.agents), state.since_eval
@@ -152,6 +156,10 @@ def evolve(pop: Sequence, train_step: Callable[[list, int], dict[int, dict]],
                     dist.agree(dist.population_digest(agents), f"the population after narrowing at step {done}")
                     state.agents = agents
                     call(callbacks, "on_selection", state, narrowed)
+            if evaluated:  # a member training alone that stalled gives its place to the reserve (revive)
+                agents = revive_stalled(agents, narrowing, tournament, record, done, max_steps, max_time,
+                                        log if verbose else None)
+                state.agents = agents
         if evo_steps is not None and done % evo_steps == 0 and done < max_steps \
                 and len(agents) >= getattr(tournament, "min_population", 2):  # narrowed below it: train on
             dist.sync_rng(tournament, mutation)  # one source of randomness: process 0's
@@ -168,7 +176,7 @@ def evolve(pop: Sequence, train_step: Callable[[list, int], dict[int, dict]],
         call(callbacks, "on_step_complete", state)
     record.members = list(agents)
     if zero.active():  # the final checkpoint, elite and best member are written by process 0 alone
-        zero.snapshot_members(agents + _kept(record))
+        zero.snapshot_members(agents + _outside(record))
     if save_elite and main:  # the best member of the last evaluation (every member was evaluated at the end),
         record.best().save_checkpoint(Path(elite_path or "elite") / "final")  # or the kept best state
     if s.keep_best and verbose and record.best() is record.kept.member:
@@ -241,7 +249,7 @@ def narrow_population(agents: list, narrowing, step: int, max_steps: int, max_ti
     stderr = {int(a.index): _stderr(tournament, a, record) for a in agents}
     tied = narrowing.tied_at_cut([ranks[int(a.index)] for a in kept], [ranks[int(a.index)] for a in dropped])
     record.record_narrowing(result, step, fraction, stderr, source=getattr(tournament, "fitness", "last"), tied=tied)
-    for agent in dropped:
+    for agent in park_runner_up(dropped, lambda a: ranks[int(a.index)], narrowing, len(kept), tournament, record):
         agent.release()
     if log is not None:
         snr = record.selection_rows[-1]["snr"]
@@ -272,13 +280,14 @@ def _snapshot_for_checkpoints(agents: Sequence, callbacks: Sequence, state: Loop
         return
     due = any(getattr(cb, "saves_after", lambda s: False)(state) for cb in callbacks)
     if dist.broadcast_object(due):
-        zero.snapshot_members(list(agents) + _kept(state.record))
+        zero.snapshot_members(list(agents) + _outside(state.record))
 
 
-def _kept(record) -> list:
-    """The kept best state's member (``keep_best``), as a list of zero or one member."""
-    kept = getattr(record, "kept", None)
-    return [kept.member] if kept is not None and kept.member is not None else []
+def _outside(record) -> list:
+    """The members held outside the population: the kept best state's (``keep_best``) and the reserve
+    (``hpo.narrowing.revive``), when there are."""
+    held = (getattr(record, "kept", None), getattr(record, "reserve", None))
+    return [h.member for h in held if h is not None and h.member is not None]
 
 
 def selection_elite(result, old_agents: Sequence):

@@ -1,0 +1,89 @@
+"""The reserve of a narrowing population, in the loop (``hpo.narrowing.revive``).
+
+At a cut after which the members left will train alone (fewer than the selection needs, or no
+selection), :func:`park_runner_up` keeps the best released member on the shared base as the reserve
+(:class:`~evollm.run.reserve.Reserve`). After each evaluation, :func:`revive_stalled` swaps a member that
+has stalled (:func:`~evollm.hpo.narrowing.stalled`: ``patience`` evaluations without a new best, most of
+its steps since without a learning signal) for the reserve, once per run.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Sequence
+
+from evollm.hpo.narrowing import budget_fraction, stalled
+from evollm.run.population import Population
+from evollm.run.reserve import Reserve
+
+#: the ``learn_path`` metric of a step whose update had no learning signal (every advantage zero)
+NO_SIGNAL = "no_gradient"
+
+
+def trains_alone(size: int, tournament) -> bool:
+    """Whether ``size`` members get no selection (fewer than the tournament needs, or none)."""
+    return tournament is None or size < getattr(tournament, "min_population", 2)
+
+
+def park_runner_up(dropped: Sequence, rank: Callable, narrowing, kept_size: int, tournament,
+                   record: Population) -> list:
+    """The members of a cut to release: all of ``dropped``, except that with ``narrowing.revive``, when the
+    ``kept_size`` members left will end the schedule training alone, the best healthy dropped one (by
+    ``rank``, higher first) is parked as the reserve instead."""
+    final = narrowing.target(kept_size, len(narrowing.at) - narrowing.passed)
+    candidates = [a for a in dropped if not getattr(a, "quarantined", False) and math.isfinite(float(rank(a)))]
+    if not narrowing.revive or not candidates or not trains_alone(final, tournament):
+        return list(dropped)
+    if record.reserve is None:
+        record.reserve = Reserve()
+    runner_up = max(candidates, key=lambda a: (float(rank(a)), -int(a.index)))
+    record.reserve.park(runner_up)
+    return [a for a in dropped if a is not runner_up]
+
+
+def stall_inputs(record: Population, index: int, patience: int) -> tuple[list[float], list[bool]]:
+    """Member ``index``'s held-out fitness history and, for its steps after its evaluation ``patience``
+    evaluations ago, whether each had no learning signal (from the run's record)."""
+    evaluations = [(int(r["step"]), float(r["fitness"])) for r in record.rows if int(r["member"]) == index]
+    if len(evaluations) <= patience:
+        return [f for _, f in evaluations], []
+    since = evaluations[-patience - 1][0]
+    flags = [r.get("learn_path") == NO_SIGNAL for r in record.metric_rows
+             if int(r["member"]) == index and int(r["step"]) > since]
+    return [f for _, f in evaluations], flags
+
+
+def revive_stalled(agents: list, narrowing, tournament, record: Population, step: int, max_steps: int,
+                   max_time: float | None, log: Callable[[str], None] | None = None) -> list:
+    """After an evaluation: when the schedule is finished, the members train alone and one of them has
+    stalled, put the reserve in its place (once per run) and record it (``kind == "revival"``). Returns
+    the members to train on."""
+    reserve = record.reserve
+    if (narrowing is None or not narrowing.revive or reserve is None or reserve.member is None or reserve.swapped
+            or not narrowing.finished or not trains_alone(len(agents), tournament) or step >= max_steps):
+        return agents
+    for agent in agents:
+        if getattr(agent, "quarantined", False):
+            continue
+        fitness, no_signal = stall_inputs(record, int(agent.index), narrowing.patience)
+        if stalled(fitness, no_signal, narrowing.patience):
+            return _swap(agents, agent, reserve, record, step, max_steps, max_time, narrowing, no_signal, log)
+    return agents
+
+
+def _swap(agents, stalled_member, reserve, record, step, max_steps, max_time, narrowing, no_signal, log) -> list:
+    from evollm.hpo.selection import SelectionResult
+
+    revived = reserve.swap(stalled_member, step)
+    members = [revived if a is stalled_member else a for a in agents]
+    scores = {int(a.index): float(a.fitness[-1]) if a.fitness else math.nan for a in (stalled_member, revived)}
+    result = SelectionResult(elite=None, population=members, dropped=[stalled_member], scores=scores,
+                             best_index=int(revived.index), protected=[])
+    fraction = budget_fraction(step, max_steps, narrowing.elapsed_s, max_time)
+    record.record_revival(result, step, fraction)
+    if log is not None:
+        share = sum(no_signal) / max(len(no_signal), 1)
+        log(f"member {stalled_member.index} stalled at step {step} ({fraction:.0%} of the budget): no new best in "
+            f"{narrowing.patience} evaluations, {share:.0%} of its steps without a learning signal; parked it and "
+            f"revived member {revived.index} (the reserve, fitness {scores[int(revived.index)]:.3f} when parked)")
+    return members

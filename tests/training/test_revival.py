@@ -1,0 +1,141 @@
+"""A member training alone that stalls gives its place to the reserve (``hpo.narrowing.revive``): the stall
+rule by hand, the swap in the loop (once, recorded, the parked member kept on the base), the member the run
+returns, and exact resume with a reserve."""
+
+import math
+
+import pytest
+import torch
+from conftest import StopAt, make_grpo
+
+from evollm.hpo import Narrowing
+from evollm.hpo.narrowing import stalled
+from evollm.run import list_checkpoints
+from evollm.run.population import Population
+from evollm.run.reserve import Reserve
+from evollm.training.loop import finetune_llm_reasoning
+
+
+def test_stalled_by_hand():
+    flat = [0.10, 0.22, 0.22, 0.21, 0.22]
+    assert stalled(flat, [True] * 5, patience=3)
+    assert stalled(flat, [True, True, True, False, False, False], patience=3)  # exactly half without signal
+    assert not stalled(flat, [True, True, False, False, False, False], patience=3)  # a third: still learning
+    assert not stalled(flat[:-1] + [0.2201], [True] * 5, patience=3)  # a new best, however small
+    assert stalled(flat, [True] * 5, patience=2) and not stalled(flat, [True] * 5, patience=4)  # 0.22 at 2nd
+    assert not stalled(flat[:3], [True] * 5, patience=3)  # needs patience + 1 evaluations
+    assert not stalled(flat, [], patience=3)  # no step seen
+    assert not stalled(flat[:-1] + [math.nan], [True] * 5, patience=3)  # an unmeasured evaluation: not a stall
+
+
+def test_narrowing_rejects_a_patience_below_one():
+    with pytest.raises(ValueError, match="patience must be >= 1"):
+        Narrowing(patience=0)
+
+
+class _Member:
+    def __init__(self, index, fitness):
+        self.index, self.fitness, self.released = index, list(fitness), False
+
+    def release(self):
+        self.released = True
+
+
+def test_the_run_returns_the_parked_member_only_when_it_measured_strictly_better():
+    live, parked, runner_up = _Member(1, [0.3]), _Member(0, [0.2, 0.5]), _Member(2, [0.1])
+    record = Population()
+    record.members = [live]
+    record.reserve = Reserve()
+    record.reserve.park(parked)
+    assert record.best() is live  # before a swap the reserve is a runner-up, never returned
+    record.reserve.member = runner_up
+    assert record.reserve.swap(parked, step=7) is runner_up and record.reserve.member is parked
+    record.members = [runner_up]
+    assert record.best() is parked  # 0.5 > 0.1
+    runner_up.fitness.append(0.5)
+    assert record.best() is runner_up  # a tie: the member that trained on
+    with pytest.raises(RuntimeError):
+        record.reserve.swap(runner_up, step=9)  # once per run
+    late = _Member(3, [0.9])
+    record.reserve.park(late)
+    assert late.released and record.reserve.member is parked  # after the swap nothing more is parked
+
+
+def _zero(completion, answer, question=""):
+    return 0.0  # every group's rewards equal: no step carries a learning signal
+
+
+def _run(ckpt=None, resume=False, callbacks=(), revive=True, max_steps=8, verbose=False):
+    from evollm.envs.reasoning import ReasoningGym
+    from evollm.recipes.warm_start import load_tiny_model
+    from evollm.tasks import ARITHMETIC_TEMPLATE, arithmetic_dataset
+
+    torch.manual_seed(0)
+    model, tok = load_tiny_model(warm_start=False, seed=0)
+    pop = make_grpo(model, tok, n=2, lr=1e-3)
+    train, test = arithmetic_dataset(n_train=64, n_test=8, digits=(1, 1), seed=0)
+    env = ReasoningGym(train, test, tok, _zero, ARITHMETIC_TEMPLATE, data_batch_size_per_gpu=4)
+    return finetune_llm_reasoning(
+        pop, env, max_steps=max_steps, evaluation_interval=1, evo_steps=None, verbose=verbose, seed=0,
+        narrowing=Narrowing(at=(0.1,), keep=0.5, min_size=1, revive=revive, patience=2),
+        callbacks=callbacks, checkpoint_dir=ckpt, checkpoint_every=1 if ckpt else None, keep_checkpoints=2,
+        resume=resume)
+
+
+def test_a_stalled_member_gives_its_place_to_the_reserve_once(capsys):
+    """Two members, cut to one at step 1 (0.1 of 8 steps); rewards are all zero, so from then on the
+    survivor's fitness never beats its first and none of its steps has a signal: at the evaluation of
+    step 3 (patience 2) it has stalled, is parked, and the runner-up of the cut trains on. That one stalls
+    too, and stays: the swap happens once."""
+    agents, record = _run(verbose=True)
+    sel = record.selections()
+    cut = sel[sel["kind"] == "narrowing"].iloc[0]
+    survivor, runner_up = int(cut["kept"]), int(cut["dropped"])
+    revivals = sel[sel["kind"] == "revival"]
+    assert len(revivals) == 1
+    row = revivals.iloc[0]
+    assert (row["step"], int(row["dropped"]), int(row["kept"])) == (3, survivor, runner_up)
+    assert [a.index for a in agents] == [runner_up]
+    report = record.report()
+    assert set(report[report["step"] > 3]["member"]) == {runner_up}  # it trained on and was evaluated
+    assert set(report[report["step"] <= 3].query("step > 1")["member"]) == {survivor}
+    metrics = record.metrics()
+    assert set(metrics[metrics["step"] > 3]["member"]) == {runner_up}
+    assert (metrics.query("step > 1")["learn_path"] == "no_gradient").all()
+    reserve = record.reserve
+    assert reserve.swapped_step == 3 and reserve.member.index == survivor
+    shared = agents[0].shared
+    assert shared.has_adapter(shared.member_adapter(survivor))  # parked, not released
+    assert record.best() is agents[0]  # equal fitness (0): the member that trained on
+    line = next(x for x in capsys.readouterr().out.splitlines() if "stalled at step 3" in x)
+    assert f"revived member {runner_up}" in line and "100% of its steps without a learning signal" in line
+
+
+def test_without_revive_the_runner_up_is_released_and_the_survivor_trains_on():
+    agents, record = _run(revive=False)
+    sel = record.selections()
+    assert "revival" not in set(sel["kind"])
+    runner_up = int(sel[sel["kind"] == "narrowing"].iloc[0]["dropped"])
+    shared = agents[0].shared
+    assert not shared.has_adapter(shared.member_adapter(runner_up))
+    assert int(sel[sel["kind"] == "narrowing"].iloc[0]["kept"]) == agents[0].index
+
+
+def test_resume_with_a_reserve_is_exact(tmp_path):
+    agents, record = _run(ckpt=tmp_path / "a")
+    for stop in (2, 5):  # the reserve parked, not yet swapped; then after the swap
+        folder = tmp_path / f"b{stop}"
+        with pytest.raises(KeyboardInterrupt):
+            _run(folder, callbacks=[StopAt(stop)])
+        assert list_checkpoints(folder)[-1][0] == stop
+        assert (list_checkpoints(folder)[-1][1] / "reserve" / "reserve.json").is_file()
+        again, record2 = _run(folder, resume=True)
+        assert [a.index for a in agents] == [a.index for a in again]
+        assert record.selections().equals(record2.selections())
+        assert record.report().equals(record2.report())
+        assert record2.reserve.member.index == record.reserve.member.index
+        assert record2.reserve.swapped_step == record.reserve.swapped_step
+        for a, b in ((agents[0], again[0]), (record.reserve.member, record2.reserve.member)):
+            for (k, v), (k2, v2) in zip(a.shared.state_dict(a.adapter_name()).items(),
+                                        b.shared.state_dict(b.adapter_name()).items()):
+                assert k == k2 and torch.equal(v, v2)
