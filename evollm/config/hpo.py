@@ -154,6 +154,9 @@ class NarrowingSection(Section):
                           "(measured on SmolLM2, where a lone member can collapse onto a plateau: benchmarks/README.md).")
     patience: int = option(3, "Evaluations without a new best fitness before a member whose steps carry no learning "
                            "signal counts as stalled (with `revive`).")
+    no_signal: float = option(0.5, "Share of the member's steps over those `patience` evaluations that had no learning "
+                              "signal (learn_path no_gradient) for a stall (with `revive`); 1.0: only a member none "
+                              "of whose steps had one.")
 
     def build(self):
         """The :class:`~evollm.hpo.narrowing.Narrowing`, or ``None`` when ``at`` is empty."""
@@ -162,7 +165,8 @@ class NarrowingSection(Section):
         from evollm.hpo.narrowing import Narrowing
         try:
             return Narrowing(at=self.at, keep=self.keep, min_size=self.min_size, evaluate=self.evaluate,
-                             incumbent=self.incumbent, revive=self.revive, patience=self.patience)
+                             incumbent=self.incumbent, revive=self.revive, patience=self.patience,
+                             no_signal=self.no_signal)
         except ValueError as e:
             raise ConfigError(f"hpo.narrowing: {e}") from e
 

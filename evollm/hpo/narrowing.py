@@ -114,6 +114,8 @@ class Narrowing:
             plateau for 450 steps, benchmarks/README.md); keeping two members to the end instead
             (``min_size=2``) halves the survivor's steps and cost 0.02-0.08 on every other task.
         patience: evaluations without a new best before a member without signal has stalled (default 3).
+        no_signal: share of the member's steps over those evaluations that must have had no learning signal
+            (default 0.5).
 
     A milestone is acted on at the first step that has a fresh ranking (an evaluation, or any step
     when the selection ranks on training rewards) at or after it. Several milestones crossed at once
@@ -123,7 +125,7 @@ class Narrowing:
 
     def __init__(self, at: Sequence[float] = (0.05, 0.1, 0.2), keep: float = 0.5, min_size: int = 1,
                  evaluate: bool = False, incumbent: bool = False, revive: bool = True,
-                 patience: int = STALL_PATIENCE) -> None:
+                 patience: int = STALL_PATIENCE, no_signal: float = STALL_NO_SIGNAL) -> None:
         at = [float(a) for a in at]
         if not at:
             raise ValueError("Narrowing.at must name at least one fraction of the budget")
@@ -135,6 +137,8 @@ class Narrowing:
             raise ValueError(f"Narrowing.min_size must be >= 1, got {min_size!r}")
         if int(patience) < 1:
             raise ValueError(f"Narrowing.patience must be >= 1 evaluation, got {patience!r}")
+        if not 0.0 <= float(no_signal) <= 1.0:
+            raise ValueError(f"Narrowing.no_signal must be a share in [0, 1], got {no_signal!r}")
         self.at = tuple(at)
         self.keep = float(keep)
         self.min_size = int(min_size)
@@ -142,6 +146,7 @@ class Narrowing:
         self.incumbent = bool(incumbent)
         self.revive = bool(revive)
         self.patience = int(patience)
+        self.no_signal = float(no_signal)
         self.passed = 0  # milestones acted on
         self.elapsed_s = 0.0  # budget-clock seconds spent before this process started (resume)
 
@@ -218,7 +223,7 @@ class Narrowing:
 
     def __repr__(self) -> str:
         return (f"Narrowing(at={list(self.at)}, keep={self.keep}, min_size={self.min_size}, evaluate={self.evaluate}, "
-                f"incumbent={self.incumbent}, revive={self.revive}, patience={self.patience})")
+                f"incumbent={self.incumbent}, revive={self.revive}, patience={self.patience}, no_signal={self.no_signal})")
 
     @property
     def finished(self) -> bool:

@@ -128,10 +128,12 @@ class Population:
         self._selection_row("narrowing", result, step, stderr, source, budget_fraction=float(fraction), tied=tied)
         self.members = list(result.population)
 
-    def record_revival(self, result, step: int, fraction: float) -> None:
+    def record_revival(self, result, step: int, fraction: float, no_signal: float) -> None:
         """A stall swap (``hpo.narrowing.revive``): ``result.dropped`` (the stalled member, parked) gave its
-        place to the reserve in ``result.population``."""
-        self._selection_row("revival", result, step, None, "last", budget_fraction=float(fraction))
+        place to the reserve in ``result.population``; ``no_signal``: the share of the stalled member's
+        recent steps that had no learning signal."""
+        self._selection_row("revival", result, step, None, "last", budget_fraction=float(fraction),
+                            no_signal=float(no_signal))
         self.members = list(result.population)
 
     def _selection_row(self, kind: str, result, step: int, stderr: dict[int, float] | None, source: str,
@@ -195,7 +197,8 @@ class Population:
 
     def selections(self) -> pd.DataFrame:
         """One row per selection (``kind == "selection"``), narrowing (``"narrowing"``) or stall swap
-        (``"revival"``: ``dropped`` is the stalled member, parked, ``kept`` the reserve that took its place): step,
+        (``"revival"``: ``dropped`` is the stalled member, parked, ``kept`` the reserve that took its place,
+        ``no_signal`` the share of its recent steps without a learning signal): step,
         generation, ``source`` of the scores (``last``/``mean``: held-out fitness, ``train``: running
         mean of training rewards), ``size_before``/``size_after``, ``best`` member, ``kept`` and
         ``dropped`` member ids (space-separated; a narrowing's dropped members are released for good),
@@ -293,7 +296,8 @@ COST_COLUMNS = ("time_generate_s", "time_learn_s", "time_eval_s", "gen_tokens", 
 SELECTION_DTYPES = {"step": "int64", "generation": "int64", "kind": "string", "source": "string",
                     "size_before": "int64", "size_after": "int64", "best": "Int64", "spread": "float64",
                     "stderr": "float64", "snr": "float64", "kept": "string", "dropped": "string",
-                    "scores": "string", "protected": "string", "budget_fraction": "float64", "tied": "boolean"}
+                    "scores": "string", "protected": "string", "budget_fraction": "float64", "tied": "boolean",
+                    "no_signal": "float64"}
 METRICS_DTYPES = {"step": "int64", "generation": "int64", "member": "int64", "gen_tokens": "Int64"}
 
 

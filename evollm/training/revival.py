@@ -66,7 +66,7 @@ def revive_stalled(agents: list, narrowing, tournament, record: Population, step
         if getattr(agent, "quarantined", False):
             continue
         fitness, no_signal = stall_inputs(record, int(agent.index), narrowing.patience)
-        if stalled(fitness, no_signal, narrowing.patience):
+        if stalled(fitness, no_signal, narrowing.patience, narrowing.no_signal):
             return _swap(agents, agent, reserve, record, step, max_steps, max_time, narrowing, no_signal, log)
     return agents
 
@@ -80,9 +80,9 @@ def _swap(agents, stalled_member, reserve, record, step, max_steps, max_time, na
     result = SelectionResult(elite=None, population=members, dropped=[stalled_member], scores=scores,
                              best_index=int(revived.index), protected=[])
     fraction = budget_fraction(step, max_steps, narrowing.elapsed_s, max_time)
-    record.record_revival(result, step, fraction)
+    share = sum(no_signal) / max(len(no_signal), 1)
+    record.record_revival(result, step, fraction, share)
     if log is not None:
-        share = sum(no_signal) / max(len(no_signal), 1)
         log(f"member {stalled_member.index} stalled at step {step} ({fraction:.0%} of the budget): no new best in "
             f"{narrowing.patience} evaluations, {share:.0%} of its steps without a learning signal; parked it and "
             f"revived member {revived.index} (the reserve, fitness {scores[int(revived.index)]:.3f} when parked)")

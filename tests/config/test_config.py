@@ -187,6 +187,8 @@ BAD_CONFIGS = [
     ({**EVO, "hpo": {"selection": {"type": "truncation", "quantile": 0.9}}}, [], "hpo.selection: quantile must be in (0, 0.5]"),
     ({"algorithm": {"name": "GRPO", "init_sampler": "qmc"}}, [], "algorithm.init_sampler has no effect when algorithm.population_size=1"),
     ({**EVO, "hpo": {"narrowing": {"at": [0.5, 0.25]}}}, [], "hpo.narrowing: Narrowing.at must be strictly increasing"),
+    ({**EVO, "hpo": {"narrowing": {"patience": 0}}}, [], "hpo.narrowing: Narrowing.patience must be >= 1 evaluation"),
+    ({**EVO, "hpo": {"narrowing": {"no_signal": 2}}}, [], "hpo.narrowing: Narrowing.no_signal must be a share in [0, 1]"),
     ({**EVO, "hpo": {"mutation": {"model_prob": 2}}}, [], "hpo.mutation: Mutations.model_prob must be in [0, 1]"),
     ({**EVO, "hpo": {"mutation": {"model_sampler": "cma"}}}, [], "hpo.mutation.model_sampler='cma' is not valid"),
     ({**EVO, "hpo": {"selection": {"fitness": "best"}}}, [], "hpo.selection.fitness='best' is not valid"),
@@ -295,6 +297,9 @@ def test_default_narrowing_applies_to_evolving_populations_only():
     assert build_narrowing(load(eight)) is None  # no evolution: every member trains to the end
     assert build_narrowing(load(eight, ["hpo.narrowing.at=[0.5]"])).sizes(8) == [8, 4]  # unless asked for
     assert not narrowing.evaluate and build_narrowing(load({**EVO, **eight}, ["hpo.narrowing.evaluate=true"])).evaluate
+    assert (narrowing.revive, narrowing.patience, narrowing.no_signal) == (True, 3, 0.5)  # the stall swap, on
+    off = build_narrowing(load({**EVO, **eight}, ["hpo.narrowing.revive=false", "hpo.narrowing.no_signal=0.9"]))
+    assert not off.revive and off.no_signal == 0.9
     two = build_narrowing(load({**EVO, **eight, "hpo": {"narrowing": {"min_size": 2}}}))
     assert two.sizes(8) == [8, 4, 2, 2]  # keeps evolving to the end
     assert build_narrowing(load({**EVO, **eight, "hpo": {"narrowing": {"at": []}}})) is None

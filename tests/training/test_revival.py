@@ -26,11 +26,14 @@ def test_stalled_by_hand():
     assert not stalled(flat[:3], [True] * 5, patience=3)  # needs patience + 1 evaluations
     assert not stalled(flat, [], patience=3)  # no step seen
     assert not stalled(flat[:-1] + [math.nan], [True] * 5, patience=3)  # an unmeasured evaluation: not a stall
+    assert stalled(flat, [True] * 9 + [False], share=0.9) and not stalled(flat, [True] * 8 + [False] * 2, share=0.9)
 
 
 def test_narrowing_rejects_a_patience_below_one():
     with pytest.raises(ValueError, match="patience must be >= 1"):
         Narrowing(patience=0)
+    with pytest.raises(ValueError, match=r"no_signal must be a share in \[0, 1\]"):
+        Narrowing(no_signal=1.5)
 
 
 class _Member:
@@ -95,6 +98,7 @@ def test_a_stalled_member_gives_its_place_to_the_reserve_once(capsys):
     assert len(revivals) == 1
     row = revivals.iloc[0]
     assert (row["step"], int(row["dropped"]), int(row["kept"])) == (3, survivor, runner_up)
+    assert row["no_signal"] == 1.0
     assert [a.index for a in agents] == [runner_up]
     report = record.report()
     assert set(report[report["step"] > 3]["member"]) == {runner_up}  # it trained on and was evaluated
