@@ -68,7 +68,7 @@ def _zero(completion, answer, question=""):
     return 0.0  # every group's rewards equal: no step carries a learning signal
 
 
-def _run(ckpt=None, resume=False, callbacks=(), revive=True, max_steps=8, verbose=False):
+def _run(ckpt=None, resume=False, callbacks=(), revive=True, max_steps=8, verbose=False, reward=_zero, patience=2):
     from evollm.envs.reasoning import ReasoningGym
     from evollm.recipes.warm_start import load_tiny_model
     from evollm.tasks import ARITHMETIC_TEMPLATE, arithmetic_dataset
@@ -77,10 +77,10 @@ def _run(ckpt=None, resume=False, callbacks=(), revive=True, max_steps=8, verbos
     model, tok = load_tiny_model(warm_start=False, seed=0)
     pop = make_grpo(model, tok, n=2, lr=1e-3)
     train, test = arithmetic_dataset(n_train=64, n_test=8, digits=(1, 1), seed=0)
-    env = ReasoningGym(train, test, tok, _zero, ARITHMETIC_TEMPLATE, data_batch_size_per_gpu=4)
+    env = ReasoningGym(train, test, tok, reward, ARITHMETIC_TEMPLATE, data_batch_size_per_gpu=4)
     return finetune_llm_reasoning(
         pop, env, max_steps=max_steps, evaluation_interval=1, evo_steps=None, verbose=verbose, seed=0,
-        narrowing=Narrowing(at=(0.1,), keep=0.5, min_size=1, revive=revive, patience=2),
+        narrowing=Narrowing(at=(0.1,), keep=0.5, min_size=1, revive=revive, patience=patience),
         callbacks=callbacks, checkpoint_dir=ckpt, checkpoint_every=1 if ckpt else None, keep_checkpoints=2,
         resume=resume)
 
@@ -123,6 +123,24 @@ def test_without_revive_the_runner_up_is_released_and_the_survivor_trains_on():
     shared = agents[0].shared
     assert not shared.has_adapter(shared.member_adapter(runner_up))
     assert int(sel[sel["kind"] == "narrowing"].iloc[0]["kept"]) == agents[0].index
+
+
+def test_a_parked_reserve_that_is_never_swapped_in_changes_nothing():
+    """Parking costs no compute and touches nothing the survivor trains with: without a stall (patience
+    longer than the run) the run is the same, step for step, with the reserve and without it."""
+    from evollm.tasks import exact_match_reward
+
+    runs = [_run(revive=revive, reward=exact_match_reward, patience=50) for revive in (True, False)]
+    (a, rec_a), (b, rec_b) = runs
+    assert rec_a.reserve.member is not None and not rec_a.reserve.swapped  # parked, never used
+    assert rec_b.reserve is None
+    assert [x.index for x in a] == [x.index for x in b]
+    assert rec_a.report().equals(rec_b.report())
+    cols = ["step", "member", "loss", "mean_reward", "grad_norm"]
+    assert rec_a.metrics()[cols].equals(rec_b.metrics()[cols])
+    for (k, v), (k2, v2) in zip(a[0].shared.state_dict(a[0].adapter_name()).items(),
+                                b[0].shared.state_dict(b[0].adapter_name()).items()):
+        assert k == k2 and torch.equal(v, v2)
 
 
 def test_resume_with_a_reserve_is_exact(tmp_path):
