@@ -148,8 +148,8 @@ class NarrowingSection(Section):
                              "off; the single run's score on SmolLM2, whose better rates show late).")
 
     revive: bool = option(True, "Keep the best member each cut releases as a reserve (parked: memory, no compute); when "
-                          "the member training alone stalls (`patience` evaluations without a new best, most of its "
-                          "steps without a learning signal: every GRPO group's rewards equal), the reserve trains on "
+                          "the member training alone stalls (`patience` evaluations without a new best, at least "
+                          "`no_signal` of its steps without a learning signal: every GRPO group's rewards equal), the reserve trains on "
                           "in its place, once per run, and the better of the two by held-out fitness is returned "
                           "(measured on SmolLM2, where a lone member can collapse onto a plateau: benchmarks/README.md).")
     patience: int = option(3, "Evaluations without a new best fitness before a member whose steps carry no learning "

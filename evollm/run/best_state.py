@@ -42,6 +42,12 @@ def best_of_evaluation(agents: Sequence, fitness: Sequence[float]) -> tuple[int,
     return i, f
 
 
+def beats_members(fitness: float, members: Sequence) -> bool:
+    """Whether ``fitness`` is strictly above the last fitness of every evaluated, healthy member of ``members``."""
+    last = [a.fitness[-1] for a in members if a.fitness and not getattr(a, "quarantined", False)]
+    return all(fitness > f for f in last)
+
+
 def write_parked(member, folder: Path, name: str, info_file: str, info: dict) -> None:
     """Write a member outside the population (kept best state, reserve) into ``folder/name/`` (the member
     file format) with ``info`` as ``info_file`` beside it: part of a run checkpoint."""
@@ -90,8 +96,7 @@ class KeptBest:
 
     def beats(self, members: Sequence) -> bool:
         """Whether the kept state is strictly better than every evaluated member of ``members``."""
-        last = [a.fitness[-1] for a in members if a.fitness and not getattr(a, "quarantined", False)]
-        return self.member is not None and all(self.fitness > f for f in last)
+        return self.member is not None and beats_members(self.fitness, members)
 
     def info(self) -> dict:
         """``{member, source, step, fitness}`` (JSON), or ``{}`` before the first evaluation."""

@@ -19,7 +19,7 @@ import math
 from pathlib import Path
 from typing import Sequence
 
-from .best_state import read_parked, write_parked
+from .best_state import beats_members, read_parked, write_parked
 
 RESERVE_DIR = "reserve"
 RESERVE_FILE = "reserve.json"
@@ -66,8 +66,7 @@ class Reserve:
     def beats(self, members: Sequence) -> bool:
         """After the swap: whether the parked (stalled) member's last fitness is strictly above every
         evaluated live member's."""
-        last = [a.fitness[-1] for a in members if a.fitness and not getattr(a, "quarantined", False)]
-        return self.swapped and self.member is not None and all(self.fitness > f for f in last)
+        return self.swapped and self.member is not None and beats_members(self.fitness, members)
 
     def info(self) -> dict:
         return {"member": int(self.member.index), "swapped_step": self.swapped_step, "revived": self.revived}

@@ -3,8 +3,8 @@
 At a cut after which the members left will train alone (fewer than the selection needs, or no
 selection), :func:`park_runner_up` keeps the best released member on the shared base as the reserve
 (:class:`~evollm.run.reserve.Reserve`). After each evaluation, :func:`revive_stalled` swaps a member that
-has stalled (:func:`~evollm.hpo.narrowing.stalled`: ``patience`` evaluations without a new best, most of
-its steps since without a learning signal) for the reserve, once per run.
+has stalled (:func:`~evollm.hpo.narrowing.stalled`: ``patience`` evaluations without a new best, at least
+``no_signal`` of its steps since without a learning signal) for the reserve, once per run.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from typing import Callable, Sequence
 
 from evollm.hpo.narrowing import budget_fraction, stalled
 from evollm.run.population import Population
-from evollm.run.reserve import Reserve
 
 #: the ``learn_path`` metric of a step whose update had no learning signal (every advantage zero)
 NO_SIGNAL = "no_gradient"
@@ -27,15 +26,14 @@ def trains_alone(size: int, tournament) -> bool:
 
 def park_runner_up(dropped: Sequence, rank: Callable, narrowing, kept_size: int, tournament,
                    record: Population) -> list:
-    """The members of a cut to release: all of ``dropped``, except that with ``narrowing.revive``, when the
-    ``kept_size`` members left will end the schedule training alone, the best healthy dropped one (by
-    ``rank``, higher first) is parked as the reserve instead."""
+    """The members of a cut to release: all of ``dropped``, except that with a reserve (``record.reserve``,
+    made by the loop when ``narrowing.revive``), when the ``kept_size`` members left will end the schedule
+    training alone, the best healthy dropped one (by ``rank``, higher first) is parked as the reserve
+    instead."""
     final = narrowing.target(kept_size, len(narrowing.at) - narrowing.passed)
     candidates = [a for a in dropped if not getattr(a, "quarantined", False) and math.isfinite(float(rank(a)))]
-    if not narrowing.revive or not candidates or not trains_alone(final, tournament):
+    if record.reserve is None or not candidates or not trains_alone(final, tournament):
         return list(dropped)
-    if record.reserve is None:
-        record.reserve = Reserve()
     runner_up = max(candidates, key=lambda a: (float(rank(a)), -int(a.index)))
     record.reserve.park(runner_up)
     return [a for a in dropped if a is not runner_up]
@@ -59,8 +57,7 @@ def revive_stalled(agents: list, narrowing, tournament, record: Population, step
     stalled, put the reserve in its place (once per run) and record it (``kind == "revival"``). Returns
     the members to train on."""
     reserve = record.reserve
-    if (narrowing is None or not narrowing.revive or reserve is None or reserve.member is None or reserve.swapped
-            or not narrowing.finished or not trains_alone(len(agents), tournament) or step >= max_steps):
+    if (reserve is None or reserve.member is None or reserve.swapped or not narrowing.finished or not trains_alone(len(agents), tournament) or step >= max_steps):
         return agents
     for agent in agents:
         if getattr(agent, "quarantined", False):
