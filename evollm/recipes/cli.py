@@ -218,8 +218,9 @@ def run(cfg, resume: bool, quiet: bool = False, member_values: dict | None = Non
     summary.update(best_member=best.index, outputs={k: str(v) for k, v in paths.items()})
     if population.kept is not None and best is population.kept.member:  # train.keep_best returned an earlier state
         summary["best_state"] = population.kept.info()
-    if population.reserve is not None and population.reserve.swapped:  # hpo.narrowing.revive swapped a stalled member
-        summary["stall_swap"] = population.reserve.info()
+    reserve = population.reserve  # hpo.narrowing.revive: it replaced a stalled or quarantined member
+    if reserve is not None and (reserve.swapped or reserve.used_up):
+        summary["reserve"] = reserve.info()
     report = population.report()
     kept = summary.get("best_state")  # the kept state descends from its source member
     search = search_cost(population.lineage(), population.metrics(), kept["source"] if kept else best.index,

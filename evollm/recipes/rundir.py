@@ -128,12 +128,15 @@ def member_overrides(changes) -> dict:
 
 def apply_on_resume(values: dict, log: Callable[[str], None] = print):
     """A loop callback that sets ``values`` (allowed changes of algorithm.hyperparameters) on every member
-    once the checkpoint is restored (the checkpointer restores first)."""
+    once the checkpoint is restored (the checkpointer restores first), the member parked as the reserve
+    (``hpo.narrowing.revive``: it may train later) included."""
     from evollm.training.callbacks import Callback
 
     class ApplyOnResume(Callback):
         def on_train_begin(self, state) -> None:
-            for agent in state.agents:
+            reserve = getattr(state.record, "reserve", None)
+            parked = [reserve.member] if reserve is not None and reserve.member is not None else []
+            for agent in list(state.agents) + parked:
                 for name, value in values.items():
                     try:
                         agent.set_hyperparameter(name, value)

@@ -128,12 +128,13 @@ class Population:
         self._selection_row("narrowing", result, step, stderr, source, budget_fraction=float(fraction), tied=tied)
         self.members = list(result.population)
 
-    def record_revival(self, result, step: int, fraction: float, no_signal: float) -> None:
-        """A stall swap (``hpo.narrowing.revive``): ``result.dropped`` (the stalled member, parked) gave its
-        place to the reserve in ``result.population``; ``no_signal``: the share of the stalled member's
-        recent steps that had no learning signal."""
+    def record_revival(self, result, step: int, fraction: float, no_signal: float, reason: str = "stall") -> None:
+        """The reserve took over (``hpo.narrowing.revive``): ``reason == "stall"``: ``result.dropped`` (the
+        stalled member, parked) gave its place to the reserve in ``result.population``, ``no_signal`` the
+        share of its recent steps that had no learning signal; ``"quarantine"``: every member in
+        ``result.dropped`` was quarantined (released) and the parked member trains on."""
         self._selection_row("revival", result, step, None, "last", budget_fraction=float(fraction),
-                            no_signal=float(no_signal))
+                            no_signal=float(no_signal), reason=reason)
         self.members = list(result.population)
 
     def _selection_row(self, kind: str, result, step: int, stderr: dict[int, float] | None, source: str,
@@ -197,8 +198,9 @@ class Population:
 
     def selections(self) -> pd.DataFrame:
         """One row per selection (``kind == "selection"``), narrowing (``"narrowing"``) or stall swap
-        (``"revival"``: ``dropped`` is the stalled member, parked, ``kept`` the reserve that took its place,
-        ``no_signal`` the share of its recent steps without a learning signal): step,
+        (``"revival"``: the reserve took over, ``reason`` says why: ``stall``: ``dropped`` is the stalled
+        member, parked, ``kept`` the reserve that took its place, ``no_signal`` the share of its recent steps
+        without a learning signal; ``quarantine``: every member in ``dropped`` was quarantined): step,
         generation, ``source`` of the scores (``last``/``mean``: held-out fitness, ``train``: running
         mean of training rewards), ``size_before``/``size_after``, ``best`` member, ``kept`` and
         ``dropped`` member ids (space-separated; a narrowing's dropped members are released for good),
@@ -297,7 +299,7 @@ SELECTION_DTYPES = {"step": "int64", "generation": "int64", "kind": "string", "s
                     "size_before": "int64", "size_after": "int64", "best": "Int64", "spread": "float64",
                     "stderr": "float64", "snr": "float64", "kept": "string", "dropped": "string",
                     "scores": "string", "protected": "string", "budget_fraction": "float64", "tied": "boolean",
-                    "no_signal": "float64"}
+                    "no_signal": "float64", "reason": "string"}
 METRICS_DTYPES = {"step": "int64", "generation": "int64", "member": "int64", "gen_tokens": "Int64"}
 
 

@@ -9,12 +9,18 @@ member's place and the stalled member is parked with its last fitness. :meth:`Po
 returns the parked member when its last fitness is strictly above every live member's, so a swap never
 hands back less than the stalled member measured.
 
+When every live member is quarantined (a lone survivor whose learning rate blows its adapter up), the
+parked member is healthy and takes over (:meth:`rescue`): the run goes on instead of stopping with
+:class:`~evollm.training.quarantine.PopulationDiverged`. That is the reserve's last use: after it
+nothing is parked.
+
 The reserve is saved with every run checkpoint (``reserve/``, the member file format plus
-``reserve.json``) and restored on resume.
+``reserve.json``; ``reserve.json`` alone once the reserve is used up) and restored on resume.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Sequence
@@ -32,6 +38,8 @@ class Reserve:
         self.member = None
         self.swapped_step: int | None = None  # completed steps at the swap; None: not yet
         self.revived: int | None = None  # id of the member the swap brought back
+        self.rescued_step: int | None = None  # completed steps when it replaced a quarantined population
+        self.rescued: int | None = None  # id of the member that did
 
     @property
     def swapped(self) -> bool:
@@ -55,6 +63,20 @@ class Reserve:
         self.swapped_step, self.revived = int(step), int(revived.index)
         return revived
 
+    def rescue(self, step: int):
+        """Return the parked member to train in place of a population whose every member is quarantined;
+        the reserve is then used up (nothing parked, no further swap)."""
+        if self.member is None:
+            raise RuntimeError("the reserve has no member to bring back")
+        member, self.member = self.member, None
+        self.rescued_step, self.rescued = int(step), int(member.index)
+        return member
+
+    @property
+    def used_up(self) -> bool:
+        """Whether the reserve can no longer change the run (rescued; nothing left to park or swap)."""
+        return self.rescued_step is not None
+
     @property
     def fitness(self) -> float:
         """The parked member's last fitness (``-inf`` when it has none)."""
@@ -69,21 +91,32 @@ class Reserve:
         return self.swapped and self.member is not None and beats_members(self.fitness, members)
 
     def info(self) -> dict:
-        return {"member": int(self.member.index), "swapped_step": self.swapped_step, "revived": self.revived}
+        """``{member, swapped_step, revived, rescued_step, rescued}`` (JSON; ``member`` is ``None`` once the
+        reserve is used up)."""
+        return {"member": None if self.member is None else int(self.member.index), "swapped_step": self.swapped_step,
+                "revived": self.revived, "rescued_step": self.rescued_step, "rescued": self.rescued}
 
     # ------------------------------------------------------------------ checkpoints
     def save(self, folder: Path) -> None:
         """Write the parked member into ``folder/reserve/`` (part of a run checkpoint)."""
         if self.member is not None:
             write_parked(self.member, folder, RESERVE_DIR, RESERVE_FILE, self.info())
+        elif self.used_up:  # nothing to save but that it was used: a resumed run must not park again
+            where = Path(folder) / RESERVE_DIR
+            where.mkdir(parents=True, exist_ok=True)
+            (where / RESERVE_FILE).write_text(json.dumps(self.info(), indent=1))
 
     def load(self, folder: Path, live: Sequence) -> None:
         """Restore the reserve of checkpoint ``folder`` onto the base of ``live``; a checkpoint without one
         leaves the reserve empty."""
         if self.member is not None:
             self.member.release()
-        self.member, self.swapped_step, self.revived = None, None, None
-        found = read_parked(folder, RESERVE_DIR, RESERVE_FILE, live)
-        if found is not None:
-            self.member, info = found
-            self.swapped_step, self.revived = info.get("swapped_step"), info.get("revived")
+        self.member, self.swapped_step, self.revived, self.rescued_step, self.rescued = None, None, None, None, None
+        info_file = Path(folder) / RESERVE_DIR / RESERVE_FILE
+        if not info_file.is_file():
+            return
+        info = json.loads(info_file.read_text())
+        if info.get("member") is not None:
+            self.member, info = read_parked(folder, RESERVE_DIR, RESERVE_FILE, live)
+        self.swapped_step, self.revived = info.get("swapped_step"), info.get("revived")
+        self.rescued_step, self.rescued = info.get("rescued_step"), info.get("rescued")

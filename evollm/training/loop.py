@@ -25,7 +25,7 @@ from evollm.run.reserve import Reserve
 from ..rollout import evaluate_population, generate_population
 from ..run.measure import member_tokens, with_costs
 from .dynamic_sampling import refill
-from .revival import park_runner_up, revive_stalled
+from .revival import park_runner_up, rescue_quarantined, revive_stalled
 from .callbacks import Callback, LoopState, call
 from .quarantine import check_members, evaluate_healthy, healthy, replace_quarantined, stop_if_none_healthy
 from ..algorithms.compat import wants_vllm
@@ -109,7 +109,9 @@ def evolve(pop: Sequence, train_step: Callable[[list, int], dict[int, dict]],
             m = metrics.get(agent.index, {})
             agent.record_score(m.get("mean_reward", math.nan))
             since_eval.setdefault(agent.index, []).append(m.get("mean_reward", math.nan))
-        check_members(agents, metrics, step + 1, log, s.divergence)
+        if check_members(agents, metrics, step + 1, log, s.divergence) and narrowing is not None:
+            agents = rescue_quarantined(agents, narrowing, record, step + 1, max_steps, max_time,
+                                        log if verbose else None)  # a parked member trains on (revive)
         stop_if_none_healthy(agents, step + 1)
         done = step + 1
         state.step, state.agents = done, agents

@@ -4,7 +4,9 @@ At a cut after which the members left will train alone (fewer than the selection
 selection), :func:`park_runner_up` keeps the best released member on the shared base as the reserve
 (:class:`~evollm.run.reserve.Reserve`). After each evaluation, :func:`revive_stalled` swaps a member that
 has stalled (:func:`~evollm.hpo.narrowing.stalled`: ``patience`` evaluations without a new best, at least
-``no_signal`` of its steps since without a learning signal) for the reserve, once per run.
+``no_signal`` of its steps since without a learning signal) for the reserve, once per run. After a step
+that quarantined every live member, :func:`rescue_quarantined` brings the parked member back (the
+runner-up, or the member a stall swap parked) so the run trains on instead of stopping.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Callable, Sequence
 
 from evollm.hpo.narrowing import budget_fraction, stalled
 from evollm.run.population import Population
+from .quarantine import healthy
 
 #: the ``learn_path`` metric of a step whose update had no learning signal (every advantage zero)
 NO_SIGNAL = "no_gradient"
@@ -78,9 +81,36 @@ def _swap(agents, stalled_member, reserve, record, step, max_steps, max_time, na
                              best_index=int(revived.index), protected=[])
     fraction = budget_fraction(step, max_steps, narrowing.elapsed_s, max_time)
     share = sum(no_signal) / max(len(no_signal), 1)
-    record.record_revival(result, step, fraction, share)
+    record.record_revival(result, step, fraction, share, reason="stall")
     if log is not None:
         log(f"member {stalled_member.index} stalled at step {step} ({fraction:.0%} of the budget): no new best in "
             f"{narrowing.patience} evaluations, {share:.0%} of its steps without a learning signal; parked it and "
             f"revived member {revived.index} (the reserve, fitness {scores[int(revived.index)]:.3f} when parked)")
     return members
+
+
+def rescue_quarantined(agents: list, narrowing, record: Population, step: int, max_steps: int,
+                       max_time: float | None, log: Callable[[str], None] | None = None) -> list:
+    """After a step's quarantine checks: when every member of ``agents`` is quarantined and the reserve
+    holds a member (healthy: parked members take no step), release the quarantined members and return
+    ``[reserve member]`` to train on, recorded as a ``revival`` row with ``reason == "quarantine"``;
+    otherwise ``agents`` unchanged (and the loop stops with ``PopulationDiverged`` when none is healthy)."""
+    from evollm.hpo.selection import SelectionResult
+
+    reserve = getattr(record, "reserve", None)
+    if reserve is None or reserve.member is None or not agents or healthy(agents):
+        return agents
+    member = reserve.rescue(step)
+    scores = {int(a.index): -math.inf for a in agents}
+    scores[int(member.index)] = float(member.fitness[-1]) if member.fitness else math.nan
+    result = SelectionResult(elite=None, population=[member], dropped=list(agents), scores=scores,
+                             best_index=int(member.index), protected=[])
+    fraction = budget_fraction(step, max_steps, narrowing.elapsed_s, max_time)
+    record.record_revival(result, step, fraction, math.nan, reason="quarantine")
+    if log is not None:
+        reasons = "; ".join(f"member {a.index}: {a.quarantine_reason}" for a in agents)
+        log(f"every member was quarantined at step {step} ({reasons}); member {member.index}, parked on the "
+            f"shared base (fitness {scores[int(member.index)]:.3f} when parked), trains on in their place")
+    for agent in agents:
+        agent.release()
+    return [member]

@@ -3,6 +3,7 @@ checkpoint write, corrupted and tampered files, a full disk, diverging populatio
 edited configs. Each fault ends in one line that says what happened and how to go on, and nothing that
 was saved is lost."""
 
+import csv
 import json
 import os
 import signal
@@ -157,7 +158,8 @@ def test_a_population_that_diverges_stops_with_one_line_naming_the_healthy_check
     cfg, out = config(tmp_path, reward="by_length:score")
     if evolve:
         text = cfg.read_text().replace("evaluation_interval: 1,", "evaluation_interval: 1, evo_steps: 1,")
-        cfg.write_text(text + "hpo: {mutation: {no_mutation: 1.0}, selection: {type: tournament, tournament_size: 2}}\n")
+        cfg.write_text(text + "hpo: {mutation: {no_mutation: 1.0}, selection: {type: tournament, tournament_size: 2},"
+                              " narrowing: {revive: false}}\n")  # no reserve to take over (below)
     assert cli(capsys, "train", cfg)[0] == 0
     code, io = cli(capsys, "resume", out, "--set", "train.max_steps=4", "--set", "algorithm.hyperparameters.lr=1e6",
                    "--allow-change", "algorithm.hyperparameters.lr")
@@ -168,6 +170,27 @@ def test_a_population_that_diverges_stops_with_one_line_naming_the_healthy_check
     code, io = cli(capsys, "resume", out, "--set", "train.max_steps=4", "--set", "algorithm.hyperparameters.lr=1e-4",
                    "--allow-change", "algorithm.hyperparameters.lr")
     assert code == 0 and steps(out) == [3, 4]
+
+
+def test_the_reserve_takes_over_from_a_diverged_lone_member(tmp_path, capsys, monkeypatch):
+    """With hpo.narrowing.revive (the default) the runner-up of the cut is parked: when the survivor diverges
+    the run goes on with it, and summary.json says so."""
+    (tmp_path / "by_length.py").write_text("def score(completion, answer, question):\n"
+                                           "    return float(len(completion) % 3)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    cfg, out = config(tmp_path, reward="by_length:score")
+    text = cfg.read_text().replace("evaluation_interval: 1,", "evaluation_interval: 1, evo_steps: 1,")
+    cfg.write_text(text + "hpo: {mutation: {no_mutation: 1.0}, selection: {type: tournament, tournament_size: 2}}\n")
+    assert cli(capsys, "train", cfg)[0] == 0
+    code, io = cli(capsys, "resume", out, "--set", "train.max_steps=3", "--set", "algorithm.hyperparameters.lr=1e6",
+                   "--allow-change", "algorithm.hyperparameters.lr")
+    assert code == 0 and steps(out) == [2, 3]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["reserve"]["rescued_step"] == 3 and summary["best_member"] == summary["reserve"]["rescued"]
+    rows = [r for r in csv.DictReader((out / "selections.csv").open()) if r["kind"] == "revival"]
+    assert [(r["step"], r["reason"]) for r in rows] == [("3", "quarantine")]
+    member = json.loads((out / "checkpoints" / "step_3" / f"member_{summary['best_member']}" / "agent.json").read_text())
+    assert member["config"]["lr"] == 1e6  # the allowed change reached the parked member too
 
 
 def test_rotation_keeps_the_newest_healthy_checkpoint(tmp_path, tiny):

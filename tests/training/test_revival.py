@@ -98,7 +98,7 @@ def test_a_stalled_member_gives_its_place_to_the_reserve_once(capsys):
     assert len(revivals) == 1
     row = revivals.iloc[0]
     assert (row["step"], int(row["dropped"]), int(row["kept"])) == (3, survivor, runner_up)
-    assert row["no_signal"] == 1.0
+    assert row["no_signal"] == 1.0 and row["reason"] == "stall"
     assert [a.index for a in agents] == [runner_up]
     report = record.report()
     assert set(report[report["step"] > 3]["member"]) == {runner_up}  # it trained on and was evaluated
@@ -161,3 +161,73 @@ def test_resume_with_a_reserve_is_exact(tmp_path):
             for (k, v), (k2, v2) in zip(a.shared.state_dict(a.adapter_name()).items(),
                                         b.shared.state_dict(b.adapter_name()).items()):
                 assert k == k2 and torch.equal(v, v2)
+
+
+def _by_length(completion, answer, question=""):
+    return float(len(completion) % 3)  # rewards differ within groups: every step updates
+
+
+class _BlowUp:
+    """Sets every live member's learning rate to 1e6 once step ``step`` is complete: the next update
+    blows its adapter up and the member is quarantined."""
+
+    def __init__(self, step):
+        self.step = step
+
+    def __getattr__(self, name):  # the other callback hooks do nothing
+        if name.startswith("on_"):
+            return lambda *args, **kwargs: None
+        raise AttributeError(name)
+
+    def on_step_complete(self, state):
+        if state.step == self.step:
+            for agent in state.agents:
+                agent.set_hyperparameter("lr", 1e6)
+
+
+def test_a_quarantined_lone_member_gives_its_place_to_the_reserve(capsys):
+    """The survivor of the cut (step 1) is blown up at step 3: instead of stopping (PopulationDiverged),
+    the parked runner-up trains on to the end; the quarantined member is released, the reserve is used up."""
+    agents, record = _run(reward=_by_length, patience=50, callbacks=[_BlowUp(2)], verbose=True)
+    sel = record.selections()
+    cut = sel[sel["kind"] == "narrowing"].iloc[0]
+    survivor, runner_up = int(cut["kept"]), int(cut["dropped"])
+    row = sel[sel["kind"] == "revival"]
+    assert len(row) == 1
+    row = row.iloc[0]
+    assert (row["step"], row["reason"], int(row["dropped"]), int(row["kept"])) == (3, "quarantine", survivor, runner_up)
+    assert [a.index for a in agents] == [runner_up] and not agents[0].quarantined
+    metrics = record.metrics()
+    assert set(metrics[metrics["step"] > 3]["member"]) == {runner_up}
+    assert metrics["step"].max() == 8  # the run went to its end
+    assert not agents[0].shared.has_adapter(agents[0].shared.member_adapter(survivor))  # released
+    reserve = record.reserve
+    assert reserve.used_up and reserve.member is None and (reserve.rescued_step, reserve.rescued) == (3, runner_up)
+    assert record.best() is agents[0]
+    out = capsys.readouterr().out
+    assert f"every member was quarantined at step 3 (member {survivor}: step 3:" in out
+    assert f"member {runner_up}, parked on the shared base" in out
+
+
+def test_without_a_reserve_a_quarantined_lone_member_stops_the_run():
+    from evollm.training import PopulationDiverged
+
+    with pytest.raises(PopulationDiverged, match="diverged by step 3"):
+        _run(reward=_by_length, patience=50, callbacks=[_BlowUp(2)], revive=False)
+
+
+def test_resume_after_a_rescue_is_exact(tmp_path):
+    agents, record = _run(tmp_path / "a", reward=_by_length, patience=50, callbacks=[_BlowUp(2)])
+    folder = tmp_path / "b"
+    with pytest.raises(KeyboardInterrupt):
+        _run(folder, reward=_by_length, patience=50, callbacks=[_BlowUp(2), StopAt(5)])
+    info = list_checkpoints(folder)[-1][1] / "reserve" / "reserve.json"
+    assert list_checkpoints(folder)[-1][0] == 5 and info.is_file()
+    again, record2 = _run(folder, resume=True, reward=_by_length, patience=50)
+    assert record2.reserve.used_up and record2.reserve.member is None
+    assert [a.index for a in again] == [a.index for a in agents]
+    assert record.selections().equals(record2.selections())
+    assert record.report().equals(record2.report())
+    for (k, v), (k2, v2) in zip(agents[0].shared.state_dict(agents[0].adapter_name()).items(),
+                                again[0].shared.state_dict(again[0].adapter_name()).items()):
+        assert k == k2 and torch.equal(v, v2)
