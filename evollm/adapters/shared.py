@@ -49,7 +49,7 @@ def checkpointing(model) -> bool:
     walks every module on each call, and with many members' LoRA modules on the base those walks cost
     more than the rest of a small learn step."""
     if not isinstance(model, torch.nn.Module):
-        return bool(getattr(model, "is_activation_checkpointing", False))
+        return bool(getattr(model, "is_activation_checkpointing", getattr(model, "is_gradient_checkpointing", False)))
     layers = _CHECKPOINT_LAYERS.get(model)
     if layers is None:
         layers = _CHECKPOINT_LAYERS[model] = tuple(m for m in model.modules() if hasattr(m, "gradient_checkpointing"))

@@ -47,6 +47,12 @@ def init():
 
         _STATE = PartialState(cpu=not torch.cuda.is_available())
         if torch.cuda.is_available():
+            if _STATE.local_process_index >= torch.cuda.device_count():
+                raise RuntimeError(
+                    f"process {_STATE.local_process_index} of this machine has no GPU of its own: "
+                    f"{torch.cuda.device_count()} visible for {_STATE.num_processes} processes; launch at most "
+                    "that many processes per machine (accelerate launch --num_processes), or set "
+                    "CUDA_VISIBLE_DEVICES= to run them on CPU (gloo)")
             torch.cuda.set_device(_STATE.local_process_index)
     return _STATE
 

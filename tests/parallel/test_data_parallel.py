@@ -37,7 +37,8 @@ def two_process_run(tmp_path_factory, cache_dir):
     load_tiny_multiturn_model("guess_number", warm_start=True, cache_dir=cache_dir)
     load_tiny_coop_model(warm_start=True, cache_dir=cache_dir)
     out = tmp_path_factory.mktemp("dp")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT),
+           "CUDA_VISIBLE_DEVICES": ""}  # CPU processes (gloo) also on a machine with fewer GPUs than processes
     cmd = ["accelerate", "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision",
            "no", "--dynamo_backend", "no", "--main_process_port", "29517", str(ROOT / "tests" / "data_parallel_script.py"),
            str(out), cache_dir]

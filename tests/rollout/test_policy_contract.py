@@ -25,6 +25,8 @@ from evollm.rollout import sampling as sampling_module
 from evollm.rollout.sampling import stop_string_ends
 
 VOCAB, PAD, EOS = 64, 0, 1
+#: every device this machine has: the contract is checked on each (CUDA kernels and batching differ from the CPU's)
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
@@ -55,7 +57,7 @@ def members_for(model, configs, **kw):
         for n, p in m.shared.named_parameters(m.adapter_name("actor")):
             if "lora_B" in n or "lora_A" in n:
                 with torch.no_grad():
-                    p.add_(0.3 * torch.randn(p.shape, generator=gen))
+                    p.add_(0.3 * torch.randn(p.shape, generator=gen).to(p.device))
     return out
 
 
@@ -84,6 +86,7 @@ def check_population(members, batch, temperature=0.7, atol=1e-5, temperatures=No
     n = len(members)
     pad = members[0].pad_token_id
     ids, mask = collate_prompts(batch, pad)
+    ids, mask = ids.to(members[0].device), mask.to(members[0].device)
     sampling = members[0].sampling_config(True, 2)
     if temperatures is not None:
         sampling = SamplingConfig(sampling.max_new_tokens, 1.0, num_return_sequences=2)
@@ -111,12 +114,13 @@ def check_population(members, batch, temperature=0.7, atol=1e-5, temperatures=No
     assert torch.allclose(loss_lp[act], sampled[act], atol=1e-4), (loss_lp[act] - sampled[act]).abs().max()
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 @pytest.mark.parametrize("setting", [s[0] for s in SETTINGS])
-def test_routed_equals_own_and_loss_equals_sampled(arch, setting):
+def test_routed_equals_own_and_loss_equals_sampled(arch, setting, device):
     configs = dict(SETTINGS)[setting]
-    members = members_for(tiny_base(arch, dropout=0.1), configs)
-    check_population(members, prompts())
+    members = members_for(tiny_base(arch, dropout=0.1).to(device), configs)
+    check_population(members, prompts(), atol=1e-5 if device == "cpu" else 1e-4)
 
 
 @pytest.mark.parametrize("setting", ["plain", "ranks_differ", "dora"])

@@ -12,6 +12,7 @@ import types
 
 import pandas as pd
 import pytest
+import torch
 from conftest import make_grpo
 
 from evollm.recipes.cli import main
@@ -148,7 +149,8 @@ def test_report_on_an_interrupted_run(tmp_path, cache_dir, warm, capsys):
     """A run killed (SIGKILL) mid-way still has its files; `evollm report` rebuilds everything from them.
     The run is a forked copy of this process (imports already done), killed after its first selection."""
     out = tmp_path / "run"
-    proc = multiprocessing.get_context("fork").Process(
+    method = "spawn" if torch.cuda.is_initialized() else "fork"  # CUDA cannot be used in a forked child
+    proc = multiprocessing.get_context(method).Process(
         target=_train_quietly, args=(_train_args(out, cache_dir, 400, "--set", "logging.plots=false"),))
     proc.start()
     try:
