@@ -175,8 +175,11 @@ class LLMAgent(Member, AgileRLMethods):
         if pad_token_id is None:
             raise TypeError(f"{type(self).__name__} needs pad_token_id")
         if lora_config is None:
+            d = default_lora_config()
             warnings.warn("No LoRA config provided. evollm can only be used to finetune adapters at present. "
-                          f"Using default LoRA configuration for RL finetuning: {default_lora_config()}", stacklevel=2)
+                          f"Using default LoRA configuration for RL finetuning: r={d.r}, lora_alpha={d.lora_alpha}, "
+                          f"lora_dropout={d.lora_dropout}, target_modules={sorted(d.target_modules)} "
+                          "(pass lora_config=peft.LoraConfig(...) to choose)", stacklevel=2)
         self.config = build_config(self.config_cls, config, hyperparameters)
         check_extra(self.config.generation_overrides)
         if self.config.stop_strings and tokenizer is None:
