@@ -37,6 +37,12 @@ def default_lora_config(r: int = 8, lora_alpha: int | None = None, **kwargs) -> 
     return LoraConfig(r=r, lora_alpha=lora_alpha if lora_alpha is not None else 2 * r, task_type="CAUSAL_LM", **kwargs)
 
 
+def describe_lora(config: LoraConfig) -> str:
+    """``r=8, lora_alpha=16, lora_dropout=0.0, target_modules=[...]``: what a user needs of a LoRA config."""
+    return (f"r={config.r}, lora_alpha={config.lora_alpha}, lora_dropout={config.lora_dropout}, "
+            f"target_modules={sorted(config.target_modules)}")
+
+
 _CHECKPOINT_LAYERS: "weakref.WeakKeyDictionary[torch.nn.Module, tuple]" = weakref.WeakKeyDictionary()
 
 

@@ -20,7 +20,7 @@ import torch
 from peft import LoraConfig
 
 from ..adapters.routing import check_adapter_layers, check_lora_config
-from ..adapters.shared import SharedBase, default_lora_config
+from ..adapters.shared import SharedBase, default_lora_config, describe_lora
 from evollm.parallel import zero
 from evollm.parallel.distributed import all_reduce_gradients
 from ..rollout import SamplingConfig, collate_prompts, eos_ids, forward_logprobs
@@ -175,11 +175,9 @@ class LLMAgent(Member, AgileRLMethods):
         if pad_token_id is None:
             raise TypeError(f"{type(self).__name__} needs pad_token_id")
         if lora_config is None:
-            d = default_lora_config()
-            warnings.warn("No LoRA config provided. evollm can only be used to finetune adapters at present. "
-                          f"Using default LoRA configuration for RL finetuning: r={d.r}, lora_alpha={d.lora_alpha}, "
-                          f"lora_dropout={d.lora_dropout}, target_modules={sorted(d.target_modules)} "
-                          "(pass lora_config=peft.LoraConfig(...) to choose)", stacklevel=2)
+            warnings.warn("No LoRA config provided. evollm can only be used to finetune adapters at present. Using default "
+                          f"LoRA configuration for RL finetuning: {describe_lora(default_lora_config())} (pass "
+                          "lora_config=peft.LoraConfig(...) to choose)", stacklevel=2)
         self.config = build_config(self.config_cls, config, hyperparameters)
         check_extra(self.config.generation_overrides)
         if self.config.stop_strings and tokenizer is None:
