@@ -111,3 +111,23 @@ def test_actor_critic_update_equals_one_process_update_on_the_same_global_batch(
         torch.testing.assert_close(t0[k], ref[k], atol=5e-4, rtol=1e-3)  # as in tests/parallel/test_zero.py
     dp_norms = json.loads((out / "ppo-rank0.json").read_text())
     torch.testing.assert_close(torch.tensor(sum(dp_norms, [])), torch.tensor(sum(norms, [])), atol=1e-5, rtol=1e-4)
+
+
+def test_more_processes_than_gpus_is_one_line(monkeypatch):
+    """Two processes launched on a machine with one visible GPU: process 1 has no GPU of its own. The
+    error says so and what to do, instead of CUDA's 'invalid device ordinal'."""
+    import types
+
+    import accelerate
+
+    from evollm.parallel import distributed
+
+    monkeypatch.setattr(distributed, "_STATE", None)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(accelerate, "PartialState", lambda cpu: types.SimpleNamespace(local_process_index=1,
+                                                                                      num_processes=2))
+    with pytest.raises(RuntimeError, match=r"^process 1 of this machine has no GPU of its own: 1 visible for 2 "
+                                           r"processes; .*CUDA_VISIBLE_DEVICES= to run them on CPU \(gloo\)$"):
+        distributed.init()
