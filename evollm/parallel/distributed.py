@@ -48,7 +48,7 @@ def init():
         _STATE = PartialState(cpu=not torch.cuda.is_available())
         if torch.cuda.is_available():
             if _STATE.local_process_index >= torch.cuda.device_count():
-                raise RuntimeError(
+                raise ValueError(  # a launch setting: `evollm train` prints it as one line
                     f"process {_STATE.local_process_index} of this machine has no GPU of its own: "
                     f"{torch.cuda.device_count()} visible for {_STATE.num_processes} processes; launch at most "
                     "that many processes per machine (accelerate launch --num_processes), or set "

@@ -128,6 +128,6 @@ def test_more_processes_than_gpus_is_one_line(monkeypatch):
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.setattr(accelerate, "PartialState", lambda cpu: types.SimpleNamespace(local_process_index=1,
                                                                                       num_processes=2))
-    with pytest.raises(RuntimeError, match=r"^process 1 of this machine has no GPU of its own: 1 visible for 2 "
+    with pytest.raises(ValueError, match=r"^process 1 of this machine has no GPU of its own: 1 visible for 2 "
                                            r"processes; .*CUDA_VISIBLE_DEVICES= to run them on CPU \(gloo\)$"):
         distributed.init()
