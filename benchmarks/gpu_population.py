@@ -95,7 +95,8 @@ def time_population(n: int, args) -> dict:
     del pop, model
     return {"members": n, "rows_per_member": p * g, "step_s": statistics.median(times),
             "generate_s": statistics.median(gens), "learn_s": statistics.median(t - x for t, x in zip(times, gens)),
-            "completion_tokens": statistics.median(tokens), "peak_memory_mb": peak, "loss": loss}
+            "completion_tokens": statistics.median(tokens), "peak_memory_mb": peak, "loss": loss,
+            "step_times_s": times, "generate_times_s": gens}
 
 
 def main(argv=None) -> dict:
