@@ -121,6 +121,7 @@ def summarize(run: RunFiles) -> str:
         lines.append("  lineage: " + " <- ".join(
             f"m{c['member']}" + (f" ({c['mutation']}, step {c['step']})" if c["parent"] is not None else " (founder)")
             for c in chain))
+    lines.extend(held_outside(run.summary, member))
     cost = search_cost(lineage, metrics, member, int(best["step"]))
     if cost is not None:
         lines.extend(describe(cost))
@@ -131,6 +132,28 @@ def summarize(run: RunFiles) -> str:
     lines.append("\nfitness over time (held-out):")
     lines.append(table.to_string(index=False, float_format=lambda v: f"{v:.4f}"))
     return "\n".join(lines)
+
+
+def held_outside(summary: dict, member: int) -> list[str]:
+    """What ``summary.json`` says of the members held outside the population: the kept best state
+    (``train.keep_best``) and the reserve (``hpo.narrowing.revive``), and which member ``best_member/``
+    holds when it is not ``member`` (the best of the last evaluation)."""
+    out = []
+    kept = summary.get("best_state")
+    if kept:
+        out.append(f"  kept best state (train.keep_best): member {kept['source']} as it was at step {kept['step']} "
+                   f"(fitness {kept['fitness']:.4f})")
+    reserve = summary.get("reserve") or {}
+    if reserve.get("swapped_step") is not None:
+        out.append(f"  stall swap at step {reserve['swapped_step']}: the reserve, member {reserve['revived']}, trained on "
+                   "in place of the stalled member (hpo.narrowing.revive)")
+    if reserve.get("rescued_step") is not None:
+        out.append(f"  every live member was quarantined at step {reserve['rescued_step']}: the reserve, member "
+                   f"{reserve['rescued']}, trained on in their place")
+    chosen = summary.get("best_member")
+    if chosen is not None and int(chosen) != int(member):
+        out.append(f"  best_member/ holds member {chosen}: measured strictly better than every live member")
+    return out
 
 
 def report_run(run_dir: str | Path, out_dir: str | Path | None = None, plots: bool = True,

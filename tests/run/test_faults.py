@@ -191,6 +191,9 @@ def test_the_reserve_takes_over_from_a_diverged_lone_member(tmp_path, capsys, mo
     assert [(r["step"], r["reason"]) for r in rows] == [("3", "quarantine")]
     member = json.loads((out / "checkpoints" / "step_3" / f"member_{summary['best_member']}" / "agent.json").read_text())
     assert member["config"]["lr"] == 1e6  # the allowed change reached the parked member too
+    code, io = main(["report", str(out), "--no-plots"]), capsys.readouterr()
+    assert code == 0 and (f"every live member was quarantined at step 3: the reserve, member "
+                          f"{summary['best_member']}, trained on in their place") in io.out
 
 
 def test_rotation_keeps_the_newest_healthy_checkpoint(tmp_path, tiny):

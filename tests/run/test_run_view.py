@@ -252,3 +252,15 @@ def test_progress_says_stopped_after_a_run_that_did_not_finish(tmp_path, tiny, a
     progress = json.loads((tmp_path / "progress.json").read_text())
     assert progress["status"] == "stopped" and progress["step"] >= 1
     assert read_run(tmp_path).progress["status"] == "stopped"
+
+
+def test_the_report_says_what_was_held_outside_the_population():
+    from evollm.run.report import held_outside
+
+    assert held_outside({"best_member": 3}, 3) == []
+    lines = held_outside({"best_member": 12, "best_state": {"member": 12, "source": 4, "step": 30, "fitness": 0.75},
+                          "reserve": {"member": 5, "swapped_step": 40, "revived": 7, "rescued_step": None}}, 7)
+    assert lines == ["  kept best state (train.keep_best): member 4 as it was at step 30 (fitness 0.7500)",
+                     "  stall swap at step 40: the reserve, member 7, trained on in place of the stalled member "
+                     "(hpo.narrowing.revive)",
+                     "  best_member/ holds member 12: measured strictly better than every live member"]
