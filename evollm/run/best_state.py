@@ -50,20 +50,25 @@ def beats_members(fitness: float, members: Sequence) -> bool:
 
 def write_parked(member, folder: Path, name: str, info_file: str, info: dict) -> None:
     """Write a member outside the population (kept best state, reserve) into ``folder/name/`` (the member
-    file format) with ``info`` as ``info_file`` beside it: part of a run checkpoint."""
-    out = write_agent(member, Path(folder) / name)
+    file format) with ``info`` as ``info_file`` beside it: part of a run checkpoint. ``member`` ``None``:
+    ``info`` alone (a reserve that was used up)."""
+    out = Path(folder) / name
+    if member is not None:
+        out = write_agent(member, out)
+    out.mkdir(parents=True, exist_ok=True)
     (out / info_file).write_text(json.dumps(info, indent=1))
 
 
 def read_parked(folder: Path, name: str, info_file: str, live: Sequence):
     """``(member, info)`` written by :func:`write_parked` into checkpoint ``folder``, restored onto the base of
-    ``live`` (cloned from a live member of the same kind, with the saved id, rank and files); ``None`` when
-    the checkpoint has none."""
+    ``live`` (cloned from a live member of the same kind, with the saved id, rank and files; ``None`` when
+    ``info`` was written alone); ``None`` when the checkpoint has none."""
     where = Path(folder) / name
     if not (where / info_file).is_file():
         return None
     info = json.loads((where / info_file).read_text())
-    return load_member(list(live), where, int(info["member"])), info
+    member = None if info.get("member") is None else load_member(list(live), where, int(info["member"]))
+    return member, info
 
 
 class KeptBest:

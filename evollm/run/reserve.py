@@ -20,7 +20,6 @@ The reserve is saved with every run checkpoint (``reserve/``, the member file fo
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Sequence
@@ -47,8 +46,8 @@ class Reserve:
 
     def park(self, member) -> None:
         """Keep ``member`` (released from the population by a cut) as the reserve, releasing the one
-        parked before; after the swap nothing more is parked (``member`` is released)."""
-        if self.swapped:
+        parked before; after the swap or a rescue nothing more is parked (``member`` is released)."""
+        if self.swapped or self.used_up:
             member.release()
             return
         if self.member is not None:
@@ -99,12 +98,8 @@ class Reserve:
     # ------------------------------------------------------------------ checkpoints
     def save(self, folder: Path) -> None:
         """Write the parked member into ``folder/reserve/`` (part of a run checkpoint)."""
-        if self.member is not None:
+        if self.member is not None or self.used_up:  # used up: that alone, so a resumed run does not park again
             write_parked(self.member, folder, RESERVE_DIR, RESERVE_FILE, self.info())
-        elif self.used_up:  # nothing to save but that it was used: a resumed run must not park again
-            where = Path(folder) / RESERVE_DIR
-            where.mkdir(parents=True, exist_ok=True)
-            (where / RESERVE_FILE).write_text(json.dumps(self.info(), indent=1))
 
     def load(self, folder: Path, live: Sequence) -> None:
         """Restore the reserve of checkpoint ``folder`` onto the base of ``live``; a checkpoint without one
@@ -112,11 +107,9 @@ class Reserve:
         if self.member is not None:
             self.member.release()
         self.member, self.swapped_step, self.revived, self.rescued_step, self.rescued = None, None, None, None, None
-        info_file = Path(folder) / RESERVE_DIR / RESERVE_FILE
-        if not info_file.is_file():
+        found = read_parked(folder, RESERVE_DIR, RESERVE_FILE, live)
+        if found is None:
             return
-        info = json.loads(info_file.read_text())
-        if info.get("member") is not None:
-            self.member, info = read_parked(folder, RESERVE_DIR, RESERVE_FILE, live)
+        self.member, info = found
         self.swapped_step, self.revived = info.get("swapped_step"), info.get("revived")
         self.rescued_step, self.rescued = info.get("rescued_step"), info.get("rescued")
