@@ -43,15 +43,23 @@ class OutOfBudget(Exception):
 
 
 class Clock:
-    """CPU seconds of this process (all threads) and wall seconds since the arm started."""
+    """The budget's seconds since the arm started: CPU seconds of this process (all threads), or, with a
+    ``cost`` model (``--cost-model gpu``, :mod:`benchmarks.hpo.cost`), those seconds charged by the number of
+    live members; and wall seconds."""
 
-    def __init__(self, budget: float, checkpoints: int):
+    def __init__(self, budget: float, checkpoints: int, cost=None):
+        from .cost import ChargedClock
         self.budget = float(budget)
         self.marks = [budget * (k + 1) / checkpoints for k in range(checkpoints)]
-        self.cpu0, self.wall0 = time.process_time(), time.perf_counter()
+        self.charged = ChargedClock(cost)
+        self.wall0 = time.perf_counter()
 
     def cpu(self) -> float:
-        return time.process_time() - self.cpu0
+        """Budget seconds spent (CPU seconds, charged by the cost model if there is one)."""
+        return self.charged()
+
+    def raw_cpu(self) -> float:
+        return self.charged.raw()
 
     def wall(self) -> float:
         return time.perf_counter() - self.wall0
@@ -105,6 +113,12 @@ class Recorder:
         class _Budget(Callback):
             def on_step_end(self, state, metrics):
                 rec.step_end(rec.steps_before + state.step, lambda: recommend(state))
+
+            def on_train_begin(self, state):  # the seconds from here on are the population's
+                rec.clock.charged.set_members(len(state.agents))
+
+            def on_step_complete(self, state):  # after any cut: the next seconds are charged at the new size
+                rec.clock.charged.set_members(len(state.agents))
 
             def on_evaluation(self, state, fitness):
                 rec.evaluations.append({"cpu_s": rec.clock.cpu(), "step": state.step, "trial": trial,
@@ -205,10 +219,12 @@ def members_of(cfg, task, hp_config):
 
 
 # --------------------------------------------------------------------------- arms
-def budget_kwargs(cfg, budget: float) -> dict:
+def budget_kwargs(cfg, clock: Clock) -> dict:
     """The loop keywords ``evollm train`` derives from the config for a run with a CPU-time budget of
-    ``budget`` seconds (``train.max_time`` on the CPU clock, and the narrowing schedule it drives), for
-    the library versions that have them; the harness stops every arm at the same point anyway."""
+    ``clock.budget`` seconds (``train.max_time`` on the CPU clock, and the narrowing schedule it drives),
+    for the library versions that have them; the harness stops every arm at the same point anyway. With a
+    cost model the loop reads the harness's charged clock instead of its own CPU clock."""
+    budget = clock.budget
     import inspect
 
     from evollm.recipes import builders
@@ -222,7 +238,7 @@ def budget_kwargs(cfg, budget: float) -> dict:
         names = set(inspect.signature(evolve).parameters)
     out = {}
     if "max_time_clock" in names:
-        out.update(max_time=budget, max_time_clock="cpu")
+        out.update(max_time=budget, max_time_clock=clock.charged if clock.charged.cost else "cpu")
     if hasattr(builders, "build_narrowing"):
         out["narrowing"] = builders.build_narrowing(cfg)
     return {**out, **keep_best_kwargs(cfg)}
@@ -252,7 +268,7 @@ def run_population(task, cfg, rec: Recorder, mutate: bool, evo_set: list[str] = 
     try:
         task.train(members, seed=cfg.seed, max_steps=FOREVER, evaluation_interval=cfg.train.evaluation_interval,
                    evo_steps=cfg.train.evo_steps, tournament=selection, mutation=mutation,
-                   callbacks=[rec.callback(recommend)] + rec.extra_callbacks, **budget_kwargs(cfg, rec.clock.budget))
+                   callbacks=[rec.callback(recommend)] + rec.extra_callbacks, **budget_kwargs(cfg, rec.clock))
     except OutOfBudget:
         pass
     return {"founders": founders, "population_size": len(members), "evo_steps": cfg.train.evo_steps,

@@ -75,15 +75,19 @@ def start_run(task, cfg, seed: int, setup: dict):
 
 def run_one(task, cfg, arm: str, seed: int, path: Path, setup: dict, args) -> None:
     from .arms import Clock, run_arm
+    from .cost import DEFAULT_MEASUREMENT, load_step_cost
 
     cfg, initial = start_run(task, cfg, seed, setup)
-    clock = Clock(args.budget_cpu_s, args.checkpoints)
+    cost = load_step_cost(args.cost_file or DEFAULT_MEASUREMENT) if args.cost_model == "gpu" else None
+    clock = Clock(args.budget_cpu_s, args.checkpoints, cost)
     out, rec = run_arm(arm, task, cfg, clock, args)
-    cpu_s, wall_s = clock.cpu(), clock.wall()
+    cpu_s, wall_s, raw_cpu_s = clock.cpu(), clock.wall(), clock.raw_cpu()
     c0, w0 = time.process_time(), time.perf_counter()
     report_evals = rec.score(task, cfg, initial)
     last_eval = rec.evaluations[-1] if rec.evaluations else None
     part = {"arm": arm, "seed": seed, "budget_cpu_s": args.budget_cpu_s, "cpu_s": cpu_s, "wall_s": wall_s,
+            "raw_cpu_s": raw_cpu_s, "cost_model": cost.to_dict() if cost else "cpu",
+            "raw_cpu_s_by_members": dict(sorted(clock.charged.raw_by_members.items())),
             "report_cpu_s": time.process_time() - c0, "report_wall_s": time.perf_counter() - w0,
             "setup": setup, "initial": initial, "checkpoints": rec.checkpoints, "evaluations": rec.evaluations,
             "report_evals": report_evals, "report_size": task.report_size,
@@ -237,6 +241,12 @@ def main(argv: list[str] | None = None) -> int:
                    help="an experiment: decay every learning rate over the budget to --lr-floor of it (the "
                    "population and single-run arms; the tuners' trials keep theirs)")
     p.add_argument("--lr-floor", type=float, default=0.1, help="the --lr-decay factor at the end of the budget")
+    p.add_argument("--cost-model", choices=("cpu", "gpu"), default="cpu",
+                   help="how the budget is counted: 'cpu' seconds, or 'gpu': each CPU second a population spends "
+                   "with N live members charged at what N members cost on one GPU, per member "
+                   "(benchmarks/hpo/cost.py; a lone member is charged 1)")
+    p.add_argument("--cost-file", default=None, help="the gpu_population.py measurement the gpu cost model is "
+                   "fitted to (default: benchmarks/results/gpu_population_smollm2_cuda_float32.json)")
     p.add_argument("--jobs", type=int, default=2, help="worker processes at a time")
     p.add_argument("--out", default="benchmarks/results/hpo", help="OUT.json, OUT.png, OUT.md")
     p.add_argument("--parts-dir", default=None, help="where each run's JSON is kept (default under /tmp)")
@@ -251,6 +261,8 @@ def main(argv: list[str] | None = None) -> int:
                         "--tpe-startup", str(args.tpe_startup)] + \
         (["--report-size", str(args.report_size)] if args.report_size else []) + \
         (["--lr-decay", args.lr_decay, "--lr-floor", str(args.lr_floor)] if args.lr_decay else []) + \
+        (["--cost-model", args.cost_model] + (["--cost-file", args.cost_file] if args.cost_file else [])
+         if args.cost_model != "cpu" else []) + \
         [x for s in args.set for x in ("--set", s)] + [x for s in args.evo_set for x in ("--evo-set", s)]
     return worker(args) if args.worker else driver(args)
 

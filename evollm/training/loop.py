@@ -119,7 +119,7 @@ def evolve(pop: Sequence, train_step: Callable[[list, int], dict[int, dict]],
         stop = None
         elapsed = clock() - run_started
         if max_time is not None and elapsed >= max_time:
-            stop = f"max_time={max_time:g}s ({s.max_time_clock} clock) reached after {done} steps"
+            stop = f"max_time={max_time:g}s ({clock_name(s.max_time_clock)} clock) reached after {done} steps"
         evaluated = False
         cut = not on_train and done < max_steps and _cut_due(narrowing, len(agents), done, max_steps,
                                                              spent_before + elapsed, max_time)
@@ -188,14 +188,22 @@ def evolve(pop: Sequence, train_step: Callable[[list, int], dict[int, dict]],
     return agents, record
 
 
-def budget_clock(kind: str) -> Callable[[], float]:
-    """Seconds on the budget's clock: ``"wall"`` (``time.perf_counter``) or ``"cpu"`` (this process's
-    CPU time over all its threads, ``time.process_time``: on a shared machine the fairer budget)."""
+def budget_clock(kind) -> Callable[[], float]:
+    """Seconds on the budget's clock: ``"wall"`` (``time.perf_counter``), ``"cpu"`` (this process's
+    CPU time over all its threads, ``time.process_time``: on a shared machine the fairer budget), or
+    ``kind`` itself when it is a callable returning seconds."""
+    if callable(kind):
+        return kind
     if kind == "wall":
         return time.perf_counter
     if kind == "cpu":
         return time.process_time
-    raise ValueError(f"max_time_clock={kind!r} is not valid; choose 'wall' or 'cpu'")
+    raise ValueError(f"max_time_clock={kind!r} is not valid; choose 'wall', 'cpu' or a callable returning seconds")
+
+
+def clock_name(kind) -> str:
+    """``"wall"``, ``"cpu"``, or a callable clock's name (for log lines)."""
+    return kind if isinstance(kind, str) else getattr(kind, "__qualname__", type(kind).__name__)
 
 
 def _last_evaluation(record: Population, step: int) -> int:

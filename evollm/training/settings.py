@@ -62,8 +62,9 @@ class LoopSettings:
     verbose: bool = _opt(True, "Progress bar and one line per evaluation.")
     divergence: DivergenceLimits | None = _opt(None, "When a member with finite but blown-up weights, KL or loss "
                                                "is quarantined (DivergenceLimits); None: the default limits.")
-    max_time_clock: str = _opt("wall", "Clock of max_time and of the narrowing schedule: 'wall' seconds or 'cpu' "
-                               "(this process's CPU seconds over all its threads).")
+    max_time_clock: Any = _opt("wall", "Clock of max_time and of the narrowing schedule: 'wall' seconds, 'cpu' "
+                               "(this process's CPU seconds over all its threads), or a callable returning "
+                               "seconds (a clock of your own, e.g. one that charges a cost model).")
     narrowing: Any = _opt(None, "A Narrowing (evollm.hpo.narrowing): the worst members are released at fixed "
                           "fractions of the budget (successive halving into PBT); None: the population stays whole.")
 
@@ -76,8 +77,9 @@ class LoopSettings:
             raise ValueError(f"max_steps must be >= 1, got {self.max_steps}")
         if self.evaluation_interval < 1:
             raise ValueError(f"evaluation_interval must be >= 1, got {self.evaluation_interval}")
-        if self.max_time_clock not in ("wall", "cpu"):
-            raise ValueError(f"max_time_clock={self.max_time_clock!r} is not valid; choose 'wall' or 'cpu'")
+        if not callable(self.max_time_clock) and self.max_time_clock not in ("wall", "cpu"):
+            raise ValueError(f"max_time_clock={self.max_time_clock!r} is not valid; choose 'wall', 'cpu' or a "
+                             "callable returning seconds")
         if self.max_time is not None and not self.max_time > 0:
             raise ValueError(f"max_time must be > 0 seconds, got {self.max_time}")
         if self.checkpoint_every is not None and self.checkpoint_every < 0:

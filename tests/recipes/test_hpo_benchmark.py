@@ -200,3 +200,62 @@ def test_a_team_task_enters_the_benchmark_like_any_other(tmp_path):
 def torch_equal(a, b) -> bool:
     import torch
     return torch.equal(a, b)
+
+
+def test_the_gpu_cost_model_by_hand():
+    """step(N) = G + L*N fitted to the measurement's rows (G: mean generation time, L: mean learn time per
+    member); a CPU second with N live members is charged step(N) / (N * step(1))."""
+    from benchmarks.hpo.cost import fit_step_cost, load_step_cost
+
+    rows = [{"members": 1, "generate_s": 3.0, "learn_s": 1.0}, {"members": 4, "generate_s": 1.0, "learn_s": 4.0}]
+    cost = fit_step_cost(rows)
+    assert (cost.generate_s, cost.learn_s_per_member) == (2.0, 1.0)
+    assert cost.factor(1) == 1.0
+    assert cost.factor(4) == pytest.approx((2 + 4) / (4 * 3))
+    assert cost.factor(0) == 1.0  # no member live (between builds): a lone member's charge
+    measured = load_step_cost()  # the stored H200 measurement: 8 members cost far less than 8 lone steps
+    assert 0.1 < measured.factor(8) < 0.3 and measured.factor(2) > measured.factor(4) > measured.factor(8)
+    with pytest.raises(ValueError, match="no rows"):
+        fit_step_cost([])
+
+
+def test_the_charged_clock_charges_each_second_at_the_size_it_was_spent_at(monkeypatch):
+    from benchmarks.hpo import cost as cost_module
+    from benchmarks.hpo.cost import ChargedClock, StepCost
+
+    now = [100.0]
+    monkeypatch.setattr(cost_module.time, "process_time", lambda: now[0])
+    clock = ChargedClock(StepCost(2.0, 1.0))
+    clock.set_members(4)  # factor 0.5
+    now[0] += 2.0
+    assert clock() == pytest.approx(1.0)
+    clock.set_members(1)  # the 2 s before were spent by 4 members; from now on a lone member's
+    now[0] += 3.0
+    assert clock() == pytest.approx(4.0) and clock.raw() == pytest.approx(5.0)
+    assert ChargedClock(None)() == 0.0  # no model: the CPU clock itself
+
+
+def test_a_population_under_the_gpu_cost_model_gets_more_cpu_than_its_budget(tmp_path):
+    """--cost-model gpu: the population arm is charged less than a CPU second per CPU second while several
+    members are live, and the loop's narrowing schedule reads the same charged clock; the default run (a lone
+    member) is charged its CPU seconds."""
+    from benchmarks.hpo.run import main
+
+    config = tmp_path / "task.yaml"
+    config.write_text(CONFIG)
+    out = tmp_path / "bench"
+    rc = main(["--config", str(config), "--seeds", "1", "--budget-cpu-s", "1.0", "--checkpoints", "2",
+               "--arms", "evollm", "default", "--grid-points", "0", "--report-size", "8", "--in-process",
+               "--cost-model", "gpu", "--out", str(out), "--parts-dir", str(tmp_path / "parts")])
+    assert rc == 0
+    doc = json.loads(out.with_suffix(".json").read_text())
+    runs = {r["arm"]: r for r in doc["runs"]}
+    assert doc["setting"]["cost_model"] == "gpu"
+    pop, single = runs["evollm"], runs["default"]
+    assert pop["cost_model"]["factor"]["8"] < 0.3 and single["cost_model"]["factor"]["1"] == 1.0
+    by_size = {int(n): s for n, s in pop["raw_cpu_s_by_members"].items()}
+    assert by_size[8] > 0 and set(by_size) <= {1, 2, 4, 8}  # the narrowing's sizes, 8 from the first step
+    charged = sum(s * pop["cost_model"]["factor"][str(n)] for n, s in by_size.items())
+    assert charged == pytest.approx(pop["cpu_s"], rel=1e-3) and pop["cpu_s"] >= 1.0
+    assert pop["raw_cpu_s"] > pop["cpu_s"]  # the population got more CPU seconds than its budget
+    assert set(single["raw_cpu_s_by_members"]) == {"1"} and single["raw_cpu_s"] == pytest.approx(single["cpu_s"], rel=1e-3)

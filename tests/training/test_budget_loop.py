@@ -22,7 +22,7 @@ def _env(tok, digits=(1, 1)):
 
 def _run(ckpt=None, resume=False, callbacks=(), n=4, max_steps=6, narrowing=None, fitness="last", mutation=None,
          evaluation_interval=2, evo_steps=2, cache_dir=None, protect_default=0.0, lr_range=(1e-4, 1e-2),
-         verbose=False):
+         verbose=False, **options):
     from evollm.recipes.warm_start import load_tiny_model
 
     torch.manual_seed(0)
@@ -37,7 +37,7 @@ def _run(ckpt=None, resume=False, callbacks=(), n=4, max_steps=6, narrowing=None
         mutation=(mutation or Mutations(no_mutation=0.0, rl_hp=1.0, rand_seed=0)) if evo_steps else None,
         narrowing=narrowing,
         callbacks=callbacks, checkpoint_dir=ckpt, checkpoint_every=1 if ckpt else None, keep_checkpoints=2,
-        resume=resume)
+        resume=resume, **options)
 
 
 def test_a_narrowing_says_how_informed_its_ranking_was_and_when_its_cut_fell_between_equal_scores(capsys):
@@ -57,6 +57,30 @@ def test_a_narrowing_says_how_informed_its_ranking_was_and_when_its_cut_fell_bet
     assert kept == sorted(scores)[:2]
     assert "the cut fell between equal scores" in line
     assert record.selections().query("kind == 'selection'")["tied"].isna().all()  # tournaments: not told
+
+
+def test_a_clock_of_the_callers_own_drives_the_budget_and_the_narrowing(capsys):
+    """``max_time_clock`` may be a callable (e.g. a clock charging a cost model): here one second per step.
+    With max_time 5 the run stops after step 5 of 100; the cut at 30 % comes at the first step past 1.5
+    seconds (step 2), whatever the wall or CPU clock says."""
+    from evollm.training.callbacks import Callback
+
+    seconds = [0.0]
+
+    class Tick(Callback):
+        def on_step_end(self, state, metrics):
+            seconds[0] += 1.0
+
+    def one_second_per_step():
+        return seconds[0]
+
+    agents, record = _run(narrowing=Narrowing(at=(0.3,), keep=0.5, min_size=2), max_steps=100, callbacks=[Tick()],
+                          max_time=5.0, max_time_clock=one_second_per_step, verbose=True)
+    assert int(record.report()["step"].max()) == 5
+    row = record.selections().query("kind == 'narrowing'").iloc[0]
+    assert (row["step"], row["size_after"]) == (2, 2) and row["budget_fraction"] == pytest.approx(0.4)
+    assert "max_time=5s (test_a_clock_of_the_callers_own_drives_the_budget_and_the_narrowing.<locals>." \
+        "one_second_per_step clock) reached after 5 steps" in capsys.readouterr().out
 
 
 def test_narrowing_releases_the_worst_members_and_records_them():
