@@ -131,8 +131,6 @@ class AgentConfig:
         return clip_range(self)
 
 
-
-
 def _finite(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
