@@ -15,7 +15,9 @@
 
 Budget: ``time.process_time()`` of the worker process (one torch thread), counted from after the base
 is loaded and the task built; it includes generation, learning, the arm's own validation evaluations,
-selection and mutation. An arm stops at the first step end past the budget. The evollm arms also get
+selection and mutation. With ``--cost-model gpu`` each of those seconds a population spends with N live
+members is charged at what N members cost per member on one GPU (:mod:`benchmarks.hpo.cost`; a lone
+member is charged 1). An arm stops at the first step end past the budget. The evollm arms also get
 the budget as ``train.max_time`` on the CPU clock where the library has one (its narrowing schedule
 reads it). At every checkpoint ``k/checkpoints`` of the budget the arm's current recommendation
 (evollm: the library's best member, as ``Population.best``; tuners: the best finished trial by its
