@@ -226,7 +226,6 @@ def budget_kwargs(cfg, clock: Clock) -> dict:
     ``clock.budget`` seconds (``train.max_time`` on the CPU clock, and the narrowing schedule it drives),
     for the library versions that have them; the harness stops every arm at the same point anyway. With a
     cost model the loop reads the harness's charged clock instead of its own CPU clock."""
-    budget = clock.budget
     import inspect
 
     from evollm.recipes import builders
@@ -240,7 +239,7 @@ def budget_kwargs(cfg, clock: Clock) -> dict:
         names = set(inspect.signature(evolve).parameters)
     out = {}
     if "max_time_clock" in names:
-        out.update(max_time=budget, max_time_clock=clock.charged if clock.charged.cost else "cpu")
+        out.update(max_time=clock.budget, max_time_clock=clock.charged if clock.charged.cost else "cpu")
     if hasattr(builders, "build_narrowing"):
         out["narrowing"] = builders.build_narrowing(cfg)
     return {**out, **keep_best_kwargs(cfg)}
