@@ -157,6 +157,15 @@ class NarrowingSection(Section):
     no_signal: float = option(0.5, "Share of the member's steps over those `patience` evaluations that had no learning "
                               "signal (learn_path no_gradient) for a stall (with `revive`); 1.0: only a member none "
                               "of whose steps had one.")
+    rollback: bool = option(True, "When the member training alone falls away from the run's best evaluated state (the mean "
+                            "of its last `patience` evaluations more than `decline` below it), a copy of that state "
+                            "(adapters, optimizer state, hyperparameters) trains on in its place with `rollback_lr` times the "
+                            "lower of its and the fallen member's learning rates, at most `max_rollbacks` times; the best state is kept as with "
+                            "train.keep_best. Why: the first cuts favour the rate whose play improves fastest, often one "
+                            "that then falls back alone (benchmarks/README.md, HPO section).")
+    decline: float = option(0.1, "Fall below the best state's fitness, as a share of it, that triggers a roll-back.")
+    rollback_lr: float = option(0.5, "Factor on the learning rates of a roll-back's copy (not below their search range).")
+    max_rollbacks: int = option(2, "Roll-backs per run at most (0: none).")
 
     def build(self):
         """The :class:`~evollm.hpo.narrowing.Narrowing`, or ``None`` when ``at`` is empty."""
@@ -166,7 +175,8 @@ class NarrowingSection(Section):
         try:
             return Narrowing(at=self.at, keep=self.keep, min_size=self.min_size, evaluate=self.evaluate,
                              incumbent=self.incumbent, revive=self.revive, patience=self.patience,
-                             no_signal=self.no_signal)
+                             no_signal=self.no_signal, rollback=self.rollback, decline=self.decline,
+                             rollback_lr=self.rollback_lr, max_rollbacks=self.max_rollbacks)
         except ValueError as e:
             raise ConfigError(f"hpo.narrowing: {e}") from e
 

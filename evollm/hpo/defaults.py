@@ -52,6 +52,9 @@ DEFAULT_RANGES: dict[str, dict] = {
     "lora_rank": dict(min=4, max=32, dtype=int),
 }
 
+#: The learning-rate names (a roll-back scales these: ``hpo.narrowing.rollback``)
+LEARNING_RATES: tuple[str, ...] = tuple(n for n, r in DEFAULT_RANGES.items() if r is LORA_LR)
+
 #: What a population evolves when no hp_config is given: the policy's learning rate (PPO: the actor's;
 #: ``lr`` is then an alias of ``lr_actor`` and left out; the critic keeps its default rate).
 DEFAULT_EVOLVED: tuple[str, ...] = ("lr_actor", "actor_learning_rate", "lr")

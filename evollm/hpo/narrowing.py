@@ -30,6 +30,31 @@ TIE_WINDOW = 10
 STALL_PATIENCE = 3
 #: share of a member's recent steps without a learning signal for :func:`stalled`
 STALL_NO_SIGNAL = 0.5
+#: fall below the best state's fitness, as a share of it, that counts as a decline (:func:`declined`)
+DECLINE = 0.1
+#: factor on a member's learning rates when it rolls back to the best state (``Narrowing.rollback``)
+ROLLBACK_LR = 0.5
+#: roll-backs per run at most (the learning rate falls at most ``ROLLBACK_LR ** MAX_ROLLBACKS``-fold)
+MAX_ROLLBACKS = 2
+
+
+def declined(fitness: Sequence[float], best: float, patience: int = STALL_PATIENCE, drop: float = DECLINE) -> bool:
+    """Whether a member has fallen away from the run's best state: it has at least ``patience`` evaluations
+    (``fitness``, oldest first) and the mean of the last ``patience`` is below ``best`` (the kept best
+    state's fitness) by more than ``drop * |best|``. The mean, not each one: one lucky evaluation on a
+    fixed test set does not hide a fall, one unlucky one does not make it.
+
+    >>> declined([0.70, 0.59, 0.56, 0.61], best=0.70)  # mean 0.587 < 0.63
+    True
+    >>> declined([0.70, 0.66, 0.55, 0.70], best=0.70)  # mean 0.637: within 10 %
+    False
+    >>> declined([0.40, 0.30], best=0.70)  # fewer than patience evaluations
+    False
+    """
+    recent = [float(f) for f in fitness][-int(patience):]
+    if len(recent) < int(patience) or not math.isfinite(float(best)) or any(math.isnan(f) for f in recent):
+        return False
+    return sum(recent) / len(recent) < float(best) - float(drop) * abs(float(best))
 
 
 def stalled(fitness: Sequence[float], no_signal: Sequence[bool], patience: int = STALL_PATIENCE,
@@ -118,6 +143,21 @@ class Narrowing:
         patience: evaluations without a new best before a member without signal has stalled (default 3).
         no_signal: share of the member's steps over those evaluations that must have had no learning signal
             (default 0.5).
+        rollback: when a member training alone (the schedule finished, selection stopped) has
+            :func:`declined` (the mean of its last ``patience`` evaluations more than ``decline`` below the
+            run's best evaluated state), put a copy of that state (adapters, optimizer state,
+            hyperparameters) in its place with ``rollback_lr`` times the lower of its and the fallen
+            member's learning rates (a second roll-back lowers the rate again), at most
+            ``max_rollbacks`` times per run: exploit and explore, as a population-based step does, against
+            the run's own history once no other member is left. It keeps the run's best state as
+            ``train.keep_best`` does (and returns it when it measured best). Default ``True``. Why: the first
+            cuts favour the member whose play improves fastest, which is often a learning rate that then
+            falls back alone (the game: lone survivors at lr 6e-4 to 9e-4 peaked at 0.55-0.70 and ended at
+            0.40-0.52; benchmarks/README.md).
+        decline: the fall, as a share of the best state's fitness, that counts (default 0.1).
+        rollback_lr: factor on the learning rates of a roll-back's copy (default 0.5), not below the
+            lower end of their search range.
+        max_rollbacks: roll-backs per run at most (default 2).
 
     A milestone is acted on at the first step that has a fresh ranking (an evaluation, or any step
     when the selection ranks on training rewards) at or after it. Several milestones crossed at once
@@ -127,7 +167,8 @@ class Narrowing:
 
     def __init__(self, at: Sequence[float] = (0.05, 0.1, 0.2), keep: float = 0.5, min_size: int = 1,
                  evaluate: bool = False, incumbent: bool = False, revive: bool = True,
-                 patience: int = STALL_PATIENCE, no_signal: float = STALL_NO_SIGNAL) -> None:
+                 patience: int = STALL_PATIENCE, no_signal: float = STALL_NO_SIGNAL, rollback: bool = True,
+                 decline: float = DECLINE, rollback_lr: float = ROLLBACK_LR, max_rollbacks: int = MAX_ROLLBACKS) -> None:
         at = [float(a) for a in at]
         if not at:
             raise ValueError("Narrowing.at must name at least one fraction of the budget")
@@ -141,6 +182,12 @@ class Narrowing:
             raise ValueError(f"Narrowing.patience must be >= 1 evaluation, got {patience!r}")
         if not 0.0 <= float(no_signal) <= 1.0:
             raise ValueError(f"Narrowing.no_signal must be a share in [0, 1], got {no_signal!r}")
+        if not 0.0 < float(decline) < 1.0:
+            raise ValueError(f"Narrowing.decline must be a share in (0, 1), got {decline!r}")
+        if not 0.0 < float(rollback_lr) <= 1.0:
+            raise ValueError(f"Narrowing.rollback_lr must be a factor in (0, 1], got {rollback_lr!r}")
+        if int(max_rollbacks) < 0:
+            raise ValueError(f"Narrowing.max_rollbacks must be >= 0, got {max_rollbacks!r}")
         self.at = tuple(at)
         self.keep = float(keep)
         self.min_size = int(min_size)
@@ -149,6 +196,8 @@ class Narrowing:
         self.revive = bool(revive)
         self.patience = int(patience)
         self.no_signal = float(no_signal)
+        self.rollback, self.decline = bool(rollback), float(decline)
+        self.rollback_lr, self.max_rollbacks = float(rollback_lr), int(max_rollbacks)
         self.passed = 0  # milestones acted on
         self.elapsed_s = 0.0  # budget-clock seconds spent before this process started (resume)
 
@@ -225,7 +274,9 @@ class Narrowing:
 
     def __repr__(self) -> str:
         return (f"Narrowing(at={list(self.at)}, keep={self.keep}, min_size={self.min_size}, evaluate={self.evaluate}, "
-                f"incumbent={self.incumbent}, revive={self.revive}, patience={self.patience}, no_signal={self.no_signal})")
+                f"incumbent={self.incumbent}, revive={self.revive}, patience={self.patience}, no_signal={self.no_signal}, "
+                f"rollback={self.rollback}, decline={self.decline}, rollback_lr={self.rollback_lr}, "
+                f"max_rollbacks={self.max_rollbacks})")
 
     @property
     def finished(self) -> bool:

@@ -137,6 +137,22 @@ class Population:
                             no_signal=float(no_signal), reason=reason)
         self.members = list(result.population)
 
+    def record_rollback(self, result, step: int, fraction: float, copy, parent: int,
+                        changed: dict[str, tuple[float, float]]) -> None:
+        """A member training alone fell away from the run's best state (``hpo.narrowing.rollback``):
+        ``result.dropped`` (released) gave its place to ``copy``, a copy of the best state kept from member
+        ``parent`` with its learning rates ``changed`` (``{name: (old, new)}``): a ``revival`` row with
+        ``reason == "rollback"`` and a lineage row."""
+        self._selection_row("revival", result, step, None, "last", budget_fraction=float(fraction),
+                            no_signal=math.nan, reason="rollback")
+        name = ",".join(changed) or "none"
+        old = _scalar(next(iter(changed.values()))[0]) if len(changed) == 1 else {k: v[0] for k, v in changed.items()}
+        new = _scalar(next(iter(changed.values()))[1]) if len(changed) == 1 else {k: v[1] for k, v in changed.items()}
+        self.births.append(Birth(copy.index, parent, self.generation, step, mutation=name, mutation_kind="rollback",
+                                 old_value=old if changed else None, new_value=new if changed else None,
+                                 hyperparameters=_hyperparameters(copy), default_founder=_default_founder(copy)))
+        self.members = list(result.population)
+
     def _selection_row(self, kind: str, result, step: int, stderr: dict[int, float] | None, source: str,
                        **extra) -> None:
         from evollm.hpo.selection import selection_signal

@@ -25,7 +25,7 @@ from evollm.run.reserve import Reserve
 from ..rollout import evaluate_population, generate_population
 from ..run.measure import member_tokens, with_costs
 from .dynamic_sampling import refill
-from .revival import park_runner_up, rescue_quarantined, revive_stalled
+from .revival import park_runner_up, rescue_quarantined, revive_stalled, roll_back_declined
 from .callbacks import Callback, LoopState, call
 from .quarantine import check_members, evaluate_healthy, healthy, replace_quarantined, stop_if_none_healthy
 from ..algorithms.compat import wants_vllm
@@ -87,7 +87,8 @@ def evolve(pop: Sequence, train_step: Callable[[list, int], dict[int, dict]],
     agents = list(pop)
     record = population if population is not None else Population(agents)
     log = log or (lambda msg: tqdm.write(msg))
-    if s.keep_best and getattr(record, "kept", None) is None:
+    rollback = narrowing is not None and narrowing.rollback  # needs the best state kept, as keep_best does
+    if (s.keep_best or rollback) and getattr(record, "kept", None) is None:
         record.kept = KeptBest()  # before on_train_begin: a resumed run restores it
     if narrowing is not None and narrowing.revive and getattr(record, "reserve", None) is None:
         record.reserve = Reserve()  # likewise: the runner-up a cut parks (hpo.narrowing.revive)
@@ -135,7 +136,7 @@ def evolve(pop: Sequence, train_step: Callable[[list, int], dict[int, dict]],
             record.record_evaluation(done, agents, fitness, train_rewards,
                                      extra={a.index: {"quarantined": a.quarantined, "fitness_se": se}
                                             for a, se in zip(agents, stderr)})
-            if s.keep_best:
+            if record.kept is not None:
                 record.kept.offer(agents, fitness, done)
             call(callbacks, "on_evaluation", state, fitness)
             since_eval.clear()
@@ -158,9 +159,11 @@ def evolve(pop: Sequence, train_step: Callable[[list, int], dict[int, dict]],
                     dist.agree(dist.population_digest(agents), f"the population after narrowing at step {done}")
                     state.agents = agents
                     call(callbacks, "on_selection", state, narrowed)
-            if evaluated:  # a member training alone that stalled gives its place to the reserve (revive)
+            if evaluated:  # a member training alone that stalled gives its place to the reserve (revive), one
                 agents = revive_stalled(agents, narrowing, tournament, record, done, max_steps, max_time,
-                                        log if verbose else None)
+                                        log if verbose else None)  # that fell away to a copy of the best state
+                agents = roll_back_declined(agents, narrowing, tournament, record, done, max_steps, max_time,
+                                            log if verbose else None)  # (rollback)
                 state.agents = agents
         if evo_steps is not None and done % evo_steps == 0 and done < max_steps \
                 and len(agents) >= getattr(tournament, "min_population", 2):  # narrowed below it: train on
@@ -181,7 +184,7 @@ def evolve(pop: Sequence, train_step: Callable[[list, int], dict[int, dict]],
         zero.snapshot_members(agents + _outside(record))
     if save_elite and main:  # the best member of the last evaluation (every member was evaluated at the end),
         record.best().save_checkpoint(Path(elite_path or "elite") / "final")  # or the kept best state
-    if s.keep_best and verbose and record.best() is record.kept.member:
+    if record.kept is not None and verbose and record.best() is record.kept.member:
         log(f"best state: member {record.kept.source} at step {record.kept.step} (fitness {record.kept.fitness:.3f}), "
             f"kept as member {record.kept.member.index}")
     call(callbacks, "on_train_end", state)

@@ -6,7 +6,9 @@ selection), :func:`park_runner_up` keeps the best released member on the shared 
 has stalled (:func:`~evollm.hpo.narrowing.stalled`: ``patience`` evaluations without a new best, at least
 ``no_signal`` of its steps since without a learning signal) for the reserve, once per run. After a step
 that quarantined every live member, :func:`rescue_quarantined` brings the parked member back (the
-runner-up, or the member a stall swap parked) so the run trains on instead of stopping.
+runner-up, or the member a stall swap parked) so the run trains on instead of stopping. After each
+evaluation, :func:`roll_back_declined` puts a copy of the run's best state, at a lower learning rate, in the
+place of a member training alone that has fallen away from it (``hpo.narrowing.rollback``).
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ from __future__ import annotations
 import math
 from typing import Callable, Sequence
 
-from evollm.hpo.narrowing import budget_fraction, stalled
+from evollm.hpo.defaults import DEFAULT_EVOLVED, LEARNING_RATES
+from evollm.hpo.narrowing import budget_fraction, declined, stalled
 from evollm.run.population import Population
 from .quarantine import healthy
 
@@ -114,3 +117,81 @@ def rescue_quarantined(agents: list, narrowing, record: Population, step: int, m
     for agent in agents:
         agent.release()
     return [member]
+
+
+def rollbacks(record: Population) -> int:
+    """Roll-backs so far (from the run's record: a resumed run counts the same)."""
+    return sum(1 for r in record.selection_rows if r.get("kind") == "revival" and r.get("reason") == "rollback")
+
+
+def scaled_learning_rates(agent, factor: float, fell=None) -> dict[str, tuple[float, float]]:
+    """Set ``agent``'s learning rates to ``factor`` times the lower of its own and those of ``fell`` (the member
+    that fell away, when given: a second roll-back lowers the rate again): the rates its search space evolves
+    (not below their range's lower end), else its policy's (:data:`~evollm.hpo.defaults.DEFAULT_EVOLVED`, the
+    first it has). Returns ``{name: (old, new)}``."""
+    space = getattr(agent, "hp_config", None)
+    names = [n for n in (space.rl_hp_names() if space is not None else ()) if n in LEARNING_RATES]
+    if not names:
+        mutable = set(agent.mutable_hyperparameters())
+        names = [n for n in DEFAULT_EVOLVED if n in mutable][:1]
+    changed = {}
+    for name in names:
+        old = float(agent.get_hyperparameter(name))
+        base = min(old, float(fell.get_hyperparameter(name))) if fell is not None else old
+        floor = float(space[name].min) if space is not None and name in space.rl_hp_names() else 0.0
+        new = max(base * factor, floor)
+        if new != old:
+            agent.set_hyperparameter(name, new)
+            changed[name] = (old, new)
+    return changed
+
+
+def roll_back_declined(agents: list, narrowing, tournament, record: Population, step: int, max_steps: int,
+                       max_time: float | None, log: Callable[[str], None] | None = None) -> list:
+    """After an evaluation: when the schedule is finished and the members train alone, a member that has
+    :func:`~evollm.hpo.narrowing.declined` from the run's kept best state (``record.kept``) gives its place
+    to a copy of that state whose learning rates are ``narrowing.rollback_lr`` times the lower of the state's
+    and the fallen member's (:func:`scaled_learning_rates`; at most
+    ``narrowing.max_rollbacks`` times per run); the declined member is released. Recorded as a ``revival``
+    row with ``reason == "rollback"`` and a lineage row (the copy's parent: the member the state was kept
+    from). Returns the members to train on."""
+    kept = getattr(record, "kept", None)
+    if (not narrowing.rollback or kept is None or kept.member is None or not narrowing.finished
+            or not trains_alone(len(agents), tournament) or step >= max_steps
+            or rollbacks(record) >= narrowing.max_rollbacks):
+        return agents
+    for agent in agents:
+        if getattr(agent, "quarantined", False):
+            continue
+        fitness = fitness_since_change(record, int(agent.index))
+        if declined(fitness, kept.fitness, narrowing.patience, narrowing.decline):
+            return _roll_back(agents, agent, fitness, kept, record, step, max_steps, max_time, narrowing, log)
+    return agents
+
+
+def fitness_since_change(record: Population, index: int) -> list[float]:
+    """Member ``index``'s held-out fitness at the evaluations after the population last changed (its last
+    cut, swap or roll-back), oldest first: a member that has just come back is judged on its own steps."""
+    since = max((int(r["step"]) for r in record.selection_rows), default=0)
+    return [float(r["fitness"]) for r in record.rows if int(r["member"]) == index and int(r["step"]) > since]
+
+
+def _roll_back(agents, member, fitness, kept, record, step, max_steps, max_time, narrowing, log) -> list:
+    from evollm.hpo.selection import SelectionResult
+
+    copy = kept.member.clone()
+    changed = scaled_learning_rates(copy, narrowing.rollback_lr, fell=member)
+    members = [copy if a is member else a for a in agents]
+    recent = fitness[-narrowing.patience:]
+    scores = {int(member.index): sum(recent) / len(recent), int(copy.index): kept.fitness}
+    result = SelectionResult(elite=None, population=members, dropped=[member], scores=scores,
+                             best_index=int(copy.index), protected=[])
+    fraction = budget_fraction(step, max_steps, narrowing.elapsed_s, max_time)
+    record.record_rollback(result, step, fraction, copy, parent=int(kept.source), changed=changed)
+    member.release()
+    if log is not None:
+        rates = ", ".join(f"{n} {old:.3g} -> {new:.3g}" for n, (old, new) in changed.items()) or "learning rate unchanged"
+        log(f"member {member.index} fell away at step {step} ({fraction:.0%} of the budget): mean fitness "
+            f"{scores[int(member.index)]:.3f} over its last {len(recent)} evaluations, the best state {kept.fitness:.3f} "
+            f"(member {kept.source} at step {kept.step}); member {copy.index}, a copy of that state, trains on ({rates})")
+    return members

@@ -1,0 +1,192 @@
+"""A member training alone that falls away from the run's best state gives its place to a copy of that state at
+a lower learning rate (``hpo.narrowing.rollback``): the decline rule by hand, the learning rates it scales, the
+roll-back in the loop (recorded, bounded, the copy's weights, optimizer and rate), and exact resume."""
+
+import math
+
+import pytest
+import torch
+from conftest import StopAt, make_grpo
+
+from evollm.hpo import HyperparameterConfig, Narrowing, RLParameter
+from evollm.hpo.narrowing import declined
+from evollm.run import list_checkpoints
+from evollm.training.loop import finetune_llm_reasoning
+from evollm.training.revival import scaled_learning_rates
+
+
+def test_declined_by_hand():
+    assert declined([0.70, 0.59, 0.56, 0.61], best=0.70, patience=3)  # mean 0.5867 < 0.63
+    assert not declined([0.70, 0.66, 0.55, 0.70], best=0.70, patience=3)  # mean 0.6367 >= 0.63
+    assert declined([0.70, 0.66, 0.55, 0.70], best=0.70, patience=2, drop=0.05)  # mean 0.625 < 0.665
+    assert not declined([0.62, 0.62], best=0.70, patience=3)  # fewer than patience evaluations
+    assert declined([0.62, 0.62, 0.62], best=0.70, patience=3)
+    assert not declined([0.63, 0.63, 0.63], best=0.70, patience=3)  # exactly 10 % below: not more
+    assert declined([-1.2, -1.2], best=-1.0, patience=2)  # negative fitness: the drop is of |best|
+    assert not declined([-1.05, -1.05], best=-1.0, patience=2)
+    assert not declined([0.1, math.nan], best=0.7, patience=2)  # an unmeasured evaluation: no decision
+    assert not declined([0.1, 0.1], best=-math.inf, patience=2)  # nothing kept yet
+
+
+def test_narrowing_rejects_bad_rollback_settings():
+    for kwargs, message in (({"decline": 0.0}, r"decline must be a share in \(0, 1\)"),
+                            ({"rollback_lr": 1.5}, r"rollback_lr must be a factor in \(0, 1\]"),
+                            ({"max_rollbacks": -1}, "max_rollbacks must be >= 0")):
+        with pytest.raises(ValueError, match=message):
+            Narrowing(**kwargs)
+
+
+def test_the_learning_rates_a_rollback_scales(tiny):
+    model, tok = tiny
+    searched = make_grpo(model, tok, n=1, lr=1e-3,
+                         hp_config=HyperparameterConfig(lr=RLParameter(min=6e-4, max=1e-2, log=True)))[0]
+    assert scaled_learning_rates(searched, 0.5) == {"lr": (1e-3, 6e-4)}  # not below the range's lower end
+    group = next(g for g in searched.optimizer.param_groups if g.get("name") == "actor")
+    assert group["lr"] == 6e-4 and searched.get_hyperparameter("lr") == 6e-4  # it reaches the optimizer
+    assert scaled_learning_rates(searched, 0.5) == {}  # at the floor: nothing moves
+    plain = make_grpo(model, tok, n=1, lr=1e-3)[0]  # no search space: the policy's rate
+    assert scaled_learning_rates(plain, 0.5) == {"lr": (1e-3, 5e-4)}
+    fallen = make_grpo(model, tok, n=1, lr=2e-4)[0]
+    assert scaled_learning_rates(plain, 0.5, fell=fallen) == {"lr": (5e-4, 1e-4)}  # the lower of the two, halved
+    assert scaled_learning_rates(fallen, 0.5, fell=plain) == {"lr": (2e-4, 5e-5)}
+
+
+@pytest.fixture
+def tiny():
+    from evollm.recipes.warm_start import load_tiny_model
+
+    torch.manual_seed(0)
+    return load_tiny_model(warm_start=False, seed=0)
+
+
+#: the reward's phase: rewards 1-3 by length (every step learns; every answer scores) until ``zero`` is set, then zero everywhere
+PHASE = {"zero": False}
+
+
+def _reward(completion, answer, question=""):
+    return 0.0 if PHASE["zero"] else 1.0 + float(len(completion) % 3)
+
+
+class _ZeroAfter:
+    """Sets the reward to zero after the evaluation of step ``step``: the survivor's held-out fitness falls to 0
+    and, every group's rewards then being equal, no later step changes its weights."""
+
+    def __init__(self, step):
+        self.step = step
+
+    def __getattr__(self, name):
+        if name.startswith("on_"):
+            return lambda *args, **kwargs: None
+        raise AttributeError(name)
+
+    def on_evaluation(self, state, fitness):
+        if state.step >= self.step:
+            PHASE["zero"] = True
+
+
+def _run(ckpt=None, resume=False, callbacks=(), rollback=True, max_rollbacks=2, verbose=False):
+    from evollm.envs.reasoning import ReasoningGym
+    from evollm.recipes.warm_start import load_tiny_model
+    from evollm.tasks import ARITHMETIC_TEMPLATE, arithmetic_dataset
+
+    PHASE["zero"] = resume  # a resumed run starts after step 2
+    torch.manual_seed(0)
+    model, tok = load_tiny_model(warm_start=False, seed=0)
+    pop = make_grpo(model, tok, n=2, lr=1e-3)
+    train, test = arithmetic_dataset(n_train=64, n_test=8, digits=(1, 1), seed=0)
+    env = ReasoningGym(train, test, tok, _reward, ARITHMETIC_TEMPLATE, data_batch_size_per_gpu=4)
+    return finetune_llm_reasoning(
+        pop, env, max_steps=8, evaluation_interval=1, evo_steps=None, verbose=verbose, seed=0,
+        narrowing=Narrowing(at=(0.1,), keep=0.5, min_size=1, revive=False, patience=2, rollback=rollback,
+                            max_rollbacks=max_rollbacks),
+        callbacks=[_ZeroAfter(2), *callbacks], checkpoint_dir=ckpt, checkpoint_every=1 if ckpt else None,
+        keep_checkpoints=2, resume=resume)
+
+
+def _adapter(agent):
+    return agent.shared.state_dict(agent.adapter_name())
+
+
+class _AtRollback:
+    """Copies, at the end of step ``step``, the live member's adapter and optimizer moments and the kept
+    state's."""
+
+    def __init__(self, step):
+        self.step, self.seen = step, {}
+
+    def __getattr__(self, name):
+        if name.startswith("on_"):
+            return lambda *args, **kwargs: None
+        raise AttributeError(name)
+
+    def on_step_complete(self, state):
+        if state.step == self.step:
+            for key, agent in (("live", state.agents[0]), ("kept", state.record.kept.member)):
+                moments = [v["exp_avg"].clone() for v in agent.optimizer.state_dict()["state"].values()]
+                self.seen[key] = ({k: v.clone() for k, v in _adapter(agent).items()}, moments, agent.index)
+
+
+def test_a_member_that_falls_away_rolls_back_to_the_best_state_at_half_the_rate(capsys):
+    """Two members, cut to one at step 1. After step 2 every reward is zero: the survivor's last two evaluations
+    (patience 2) are its step 2's and 0 at step 3, half its best or less, so at step 3 a copy of the best state
+    (the survivor's, kept at step 1 or 2) takes its place at lr 5e-4; the copy scores 0 at steps 4 and 5 and
+    is rolled back again at 2.5e-4; with
+    max_rollbacks 2 the second copy trains to the end. Right after the first roll-back the live member's
+    adapter and optimizer moments are exactly the kept state's; the run returns the kept state (its fitness
+    is above 0)."""
+    snapshot = _AtRollback(3)
+    agents, record = _run(verbose=True, callbacks=[snapshot])
+    kept = record.kept
+    assert kept is not None and kept.fitness > 0 and kept.step in (1, 2)
+    sel = record.selections()
+    survivor = int(sel[sel["kind"] == "narrowing"].iloc[0]["kept"])
+    rows = sel[sel["kind"] == "revival"]
+    assert list(rows["reason"]) == ["rollback", "rollback"] and list(rows["step"]) == [3, 5]
+    first, second = int(rows.iloc[0]["kept"]), int(rows.iloc[1]["kept"])
+    assert int(rows.iloc[0]["dropped"]) == survivor and int(rows.iloc[1]["dropped"]) == first
+    assert [a.index for a in agents] == [second]
+    assert agents[0].get_hyperparameter("lr") == pytest.approx(2.5e-4)
+    group = next(g for g in agents[0].optimizer.param_groups if g.get("name") == "actor")
+    assert group["lr"] == pytest.approx(2.5e-4)
+    (live, live_moments, live_id), (best, best_moments, _) = snapshot.seen["live"], snapshot.seen["kept"]
+    assert live_id == first and list(live) == list(best)  # right after the roll-back: the kept state exactly
+    assert all(torch.equal(live[k], best[k]) for k in live)
+    assert len(live_moments) == len(best_moments) > 0  # and its optimizer state (Adam's moments)
+    assert all(torch.equal(a, b) for a, b in zip(live_moments, best_moments))
+    shared = agents[0].shared
+    assert not shared.has_adapter(shared.member_adapter(survivor))  # released
+    assert not shared.has_adapter(shared.member_adapter(first))
+    lineage = record.lineage()
+    births = lineage[lineage["mutation_kind"] == "rollback"]
+    assert list(births["member"]) == [first, second] and set(births["parent"]) == {kept.source}
+    assert list(births["new_value"]) == pytest.approx([5e-4, 2.5e-4])
+    report = record.report()
+    assert set(report[report["step"] > 5]["member"]) == {second}
+    assert record.best() is kept.member  # 0 on the last evaluation, the kept state above it
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if "fell away at step 3" in x)
+    assert f"member {survivor} fell away" in line and "lr 0.001 -> 0.0005" in line
+
+
+def test_without_rollback_the_survivor_trains_on_and_nothing_is_kept():
+    agents, record = _run(rollback=False)
+    assert record.kept is None and "revival" not in set(record.selections()["kind"])
+    assert agents[0].get_hyperparameter("lr") == 1e-3
+    agents, record = _run(max_rollbacks=0)  # kept, never rolled back
+    assert record.kept is not None and "revival" not in set(record.selections()["kind"])
+
+
+def test_resume_across_a_rollback_is_exact(tmp_path):
+    agents, record = _run(tmp_path / "a")
+    folder = tmp_path / "b"
+    with pytest.raises(KeyboardInterrupt):
+        _run(folder, callbacks=[StopAt(4)])  # after the first roll-back, before the second
+    assert list_checkpoints(folder)[-1][0] == 4
+    again, record2 = _run(folder, resume=True)
+    assert [a.index for a in again] == [a.index for a in agents]
+    assert record.selections().equals(record2.selections())
+    assert record.report().equals(record2.report())
+    assert record.lineage().equals(record2.lineage())
+    assert again[0].get_hyperparameter("lr") == agents[0].get_hyperparameter("lr")
+    for (k, v), (k2, v2) in zip(_adapter(agents[0]).items(), _adapter(again[0]).items()):
+        assert k == k2 and torch.equal(v, v2)
