@@ -157,8 +157,9 @@ class NarrowingSection(Section):
     no_signal: float = option(0.5, "Share of the member's steps over those `patience` evaluations that had no learning "
                               "signal (learn_path no_gradient) for a stall (with `revive`); 1.0: only a member none "
                               "of whose steps had one.")
-    rollback: bool = option(True, "When the member training alone falls away from the run's best evaluated state (the mean "
-                            "of its last `patience` evaluations more than `decline` below it), a copy of that state "
+    rollback: bool = option(True, "When the member training alone falls away from the run's best evaluated state since the "
+                            "last cut (the mean of its last `patience` evaluations after it more than `decline` "
+                            "below it), a copy of that state "
                             "(adapters, optimizer state, hyperparameters) trains on in its place with `rollback_lr` times the "
                             "lower of its and the fallen member's learning rates, at most `max_rollbacks` times; the best state is kept as with "
                             "train.keep_best. Why: the first cuts favour the rate whose play improves fastest, often one "

@@ -40,9 +40,10 @@ MAX_ROLLBACKS = 2
 
 def declined(fitness: Sequence[float], best: float, patience: int = STALL_PATIENCE, drop: float = DECLINE) -> bool:
     """Whether a member has fallen away from the run's best state: it has at least ``patience`` evaluations
-    (``fitness``, oldest first) and the mean of the last ``patience`` is below ``best`` (the kept best
-    state's fitness) by more than ``drop * |best|``. The mean, not each one: one lucky evaluation on a
-    fixed test set does not hide a fall, one unlucky one does not make it.
+    since that state was measured (``fitness``, oldest first; the caller passes only those) and the mean of
+    the last ``patience`` is below ``best`` (the best state's fitness) by more than ``drop * |best|``. The
+    mean, not each one: one lucky evaluation on a fixed test set does not hide a fall, one unlucky one does
+    not make it.
 
     >>> declined([0.70, 0.59, 0.56, 0.61], best=0.70)  # mean 0.587 < 0.63
     True
@@ -144,8 +145,9 @@ class Narrowing:
         no_signal: share of the member's steps over those evaluations that must have had no learning signal
             (default 0.5).
         rollback: when a member training alone (the schedule finished, selection stopped) has
-            :func:`declined` (the mean of its last ``patience`` evaluations more than ``decline`` below the
-            run's best evaluated state), put a copy of that state (adapters, optimizer state,
+            :func:`declined` (the mean of its last ``patience`` evaluations since the run's best evaluated
+            state more than ``decline`` below it; only a best state measured at or after the last cut, so
+            a lucky evaluation among several members is no member's bar), put a copy of that state (adapters, optimizer state,
             hyperparameters) in its place with ``rollback_lr`` times the lower of its and the fallen
             member's learning rates (a second roll-back lowers the rate again), at most
             ``max_rollbacks`` times per run: exploit and explore, as a population-based step does, against

@@ -221,6 +221,10 @@ def run(cfg, resume: bool, quiet: bool = False, member_values: dict | None = Non
     reserve = population.reserve  # hpo.narrowing.revive: it replaced a stalled or quarantined member
     if reserve is not None and (reserve.swapped or reserve.used_up):
         summary["reserve"] = reserve.info()
+    rollbacks = [{"step": int(r["step"]), "fell": int(r["dropped"]), "copy": int(r["kept"])}
+                 for r in population.selection_rows if r.get("reason") == "rollback"]  # hpo.narrowing.rollback
+    if rollbacks:
+        summary["rollbacks"] = rollbacks
     report = population.report()
     kept = summary.get("best_state")  # the kept state descends from its source member
     search = search_cost(population.lineage(), population.metrics(), kept["source"] if kept else best.index,
@@ -234,7 +238,7 @@ def run(cfg, resume: bool, quiet: bool = False, member_values: dict | None = Non
     print(report[cols].tail(2 * len(agents)).to_string(index=False))
     took = f"{result['wall_time_s']:.0f} s" + (f", {segment:.0f} s since the resume" if resume else "")
     origin = (f" (the state of member {summary['best_state']['source']} at step {summary['best_state']['step']}, "
-              "train.keep_best)") if "best_state" in summary else ""
+              "kept as the run's best)") if "best_state" in summary else ""
     print(f"\nwarm start fitness {result['initial_fitness']:.3f} -> best member {best.index}{origin} "
           f"fitness {result['final_fitness']:.3f}   ({took})")
     if search is not None:

@@ -136,12 +136,13 @@ def summarize(run: RunFiles) -> str:
 
 def held_outside(summary: dict, member: int) -> list[str]:
     """What ``summary.json`` says of the members held outside the population: the kept best state
-    (``train.keep_best``) and the reserve (``hpo.narrowing.revive``), and which member ``best_member/``
+    (``train.keep_best``, ``hpo.narrowing.rollback``) and the reserve (``hpo.narrowing.revive``), the
+    roll-backs, and which member ``best_member/``
     holds when it is not ``member`` (the best of the last evaluation)."""
     out = []
     kept = summary.get("best_state")
     if kept:
-        out.append(f"  kept best state (train.keep_best): member {kept['source']} as it was at step {kept['step']} "
+        out.append(f"  kept best state: member {kept['source']} as it was at step {kept['step']} "
                    f"(fitness {kept['fitness']:.4f})")
     reserve = summary.get("reserve") or {}
     if reserve.get("swapped_step") is not None:
@@ -150,6 +151,9 @@ def held_outside(summary: dict, member: int) -> list[str]:
     if reserve.get("rescued_step") is not None:
         out.append(f"  every live member was quarantined at step {reserve['rescued_step']}: the reserve, member "
                    f"{reserve['rescued']}, trained on in their place")
+    for r in summary.get("rollbacks") or []:
+        out.append(f"  roll-back at step {r['step']}: member {r['fell']} fell away from the best state; member "
+                   f"{r['copy']}, a copy of it at a lower learning rate, trained on (hpo.narrowing.rollback)")
     chosen = summary.get("best_member")
     if chosen is not None and int(chosen) != int(member):
         out.append(f"  best_member/ holds member {chosen}: measured strictly better than every live member")

@@ -149,7 +149,9 @@ def scaled_learning_rates(agent, factor: float, fell=None) -> dict[str, tuple[fl
 def roll_back_declined(agents: list, narrowing, tournament, record: Population, step: int, max_steps: int,
                        max_time: float | None, log: Callable[[str], None] | None = None) -> list:
     """After an evaluation: when the schedule is finished and the members train alone, a member that has
-    :func:`~evollm.hpo.narrowing.declined` from the run's kept best state (``record.kept``) gives its place
+    :func:`~evollm.hpo.narrowing.declined` from the run's kept best state (``record.kept``, when it was measured
+    at or after the last cut: a best of several members is not one member's to match; judged on the
+    evaluations after it) gives its place
     to a copy of that state whose learning rates are ``narrowing.rollback_lr`` times the lower of the state's
     and the fallen member's (:func:`scaled_learning_rates`; at most
     ``narrowing.max_rollbacks`` times per run); the declined member is released. Recorded as a ``revival``
@@ -160,19 +162,27 @@ def roll_back_declined(agents: list, narrowing, tournament, record: Population, 
             or not trains_alone(len(agents), tournament) or step >= max_steps
             or rollbacks(record) >= narrowing.max_rollbacks):
         return agents
+    if kept.step is None or kept.step < last_cut(record):  # the best of several members: not this one's to match
+        return agents
     for agent in agents:
         if getattr(agent, "quarantined", False):
             continue
-        fitness = fitness_since_change(record, int(agent.index))
+        fitness = fitness_since_change(record, int(agent.index), after=int(kept.step))
         if declined(fitness, kept.fitness, narrowing.patience, narrowing.decline):
             return _roll_back(agents, agent, fitness, kept, record, step, max_steps, max_time, narrowing, log)
     return agents
 
 
-def fitness_since_change(record: Population, index: int) -> list[float]:
-    """Member ``index``'s held-out fitness at the evaluations after the population last changed (its last
-    cut, swap or roll-back), oldest first: a member that has just come back is judged on its own steps."""
-    since = max((int(r["step"]) for r in record.selection_rows), default=0)
+def last_cut(record: Population) -> int:
+    """Step of the run's last narrowing (0 when none)."""
+    return max((int(r["step"]) for r in record.selection_rows if r.get("kind") == "narrowing"), default=0)
+
+
+def fitness_since_change(record: Population, index: int, after: int = 0) -> list[float]:
+    """Member ``index``'s held-out fitness at the evaluations after step ``after`` (the best state's) and
+    after the population last changed (its last cut, swap or roll-back), oldest first: a fall is measured
+    from the best, and a member that has just come back is judged on its own steps."""
+    since = max([int(r["step"]) for r in record.selection_rows] + [int(after)])
     return [float(r["fitness"]) for r in record.rows if int(r["member"]) == index and int(r["step"]) > since]
 
 

@@ -303,3 +303,8 @@ def test_default_narrowing_applies_to_evolving_populations_only():
     two = build_narrowing(load({**EVO, **eight, "hpo": {"narrowing": {"min_size": 2}}}))
     assert two.sizes(8) == [8, 4, 2, 2]  # keeps evolving to the end
     assert build_narrowing(load({**EVO, **eight, "hpo": {"narrowing": {"at": []}}})) is None
+    assert (narrowing.rollback, narrowing.decline, narrowing.rollback_lr, narrowing.max_rollbacks) == (True, 0.1, 0.5, 2)
+    off = build_narrowing(load({**EVO, **eight}, ["hpo.narrowing.rollback=false", "hpo.narrowing.max_rollbacks=1"]))
+    assert not off.rollback and off.max_rollbacks == 1
+    with pytest.raises(ConfigError, match=r"^hpo.narrowing: Narrowing.decline must be a share in \(0, 1\), got 1.5$"):
+        load({**EVO, **eight}, ["hpo.narrowing.decline=1.5"])
