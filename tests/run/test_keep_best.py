@@ -154,4 +154,4 @@ logging: {{tensorboard: false, plots: false}}
     assert summary["best_member"] == summary["best_state"]["member"] not in set(report["member"])
     saved = json.loads((run / "best_member" / "agent.json").read_text())
     assert saved["index"] == summary["best_member"] and saved["fitness"] == [best]
-    assert "train.keep_best" in capsys.readouterr().out
+    assert "kept as the run's best" in capsys.readouterr().out

@@ -189,3 +189,22 @@ def test_resume_across_a_rollback_is_exact(tmp_path):
     assert again[0].get_hyperparameter("lr") == agents[0].get_hyperparameter("lr")
     for (k, v), (k2, v2) in zip(_adapter(agents[0]).items(), _adapter(again[0]).items()):
         assert k == k2 and torch.equal(v, v2)
+
+
+def test_a_fall_is_measured_after_the_best_state_and_since_the_last_change():
+    """The evaluations a roll-back judges: only those after the best state's step and after the population last
+    changed (a cut, a swap, a roll-back); the last cut is the one a best state must be measured at or after."""
+    from evollm.run.population import Population
+    from evollm.training.revival import fitness_since_change, last_cut
+
+    record = Population()
+    record.rows = [{"step": s, "member": m, "fitness": f}
+                   for s, m, f in ((10, 1, 0.2), (10, 2, 0.8), (20, 1, 0.3), (30, 1, 0.6), (40, 1, 0.5), (50, 1, 0.4))]
+    assert last_cut(record) == 0 and fitness_since_change(record, 1) == [0.2, 0.3, 0.6, 0.5, 0.4]
+    record.selection_rows = [{"step": 10, "kind": "narrowing"}]
+    assert last_cut(record) == 10 and fitness_since_change(record, 1) == [0.3, 0.6, 0.5, 0.4]
+    assert fitness_since_change(record, 1, after=30) == [0.5, 0.4]  # a rise to the best is no fall
+    assert not declined(fitness_since_change(record, 1, after=30), best=0.6, patience=3)  # two after it: too few
+    assert declined(fitness_since_change(record, 1, after=30), best=0.6, patience=2)  # mean 0.45 < 0.54
+    record.selection_rows.append({"step": 40, "kind": "revival", "reason": "rollback"})
+    assert last_cut(record) == 10 and fitness_since_change(record, 1, after=30) == [0.4]  # since the roll-back
