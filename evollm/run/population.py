@@ -145,11 +145,11 @@ class Population:
         ``reason == "rollback"`` and a lineage row."""
         self._selection_row("revival", result, step, None, "last", budget_fraction=float(fraction),
                             no_signal=math.nan, reason="rollback")
-        name = ",".join(changed) or "none"
-        old = _scalar(next(iter(changed.values()))[0]) if len(changed) == 1 else {k: v[0] for k, v in changed.items()}
-        new = _scalar(next(iter(changed.values()))[1]) if len(changed) == 1 else {k: v[1] for k, v in changed.items()}
-        self.births.append(Birth(copy.index, parent, self.generation, step, mutation=name, mutation_kind="rollback",
-                                 old_value=old if changed else None, new_value=new if changed else None,
+        old, new = {k: v[0] for k, v in changed.items()} or None, {k: v[1] for k, v in changed.items()} or None
+        if len(changed) == 1:  # one rate: plain numbers, as a mutation of one name records them
+            (old, new), = changed.values()
+        self.births.append(Birth(copy.index, parent, self.generation, step, mutation=",".join(changed) or "none",
+                                 mutation_kind="rollback", old_value=old, new_value=new,
                                  hyperparameters=_hyperparameters(copy), default_founder=_default_founder(copy)))
         self.members = list(result.population)
 

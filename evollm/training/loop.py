@@ -159,11 +159,11 @@ def evolve(pop: Sequence, train_step: Callable[[list, int], dict[int, dict]],
                     dist.agree(dist.population_digest(agents), f"the population after narrowing at step {done}")
                     state.agents = agents
                     call(callbacks, "on_selection", state, narrowed)
-            if evaluated:  # a member training alone that stalled gives its place to the reserve (revive), one
+            if evaluated:  # a member training alone that stalled gives its place to the reserve (revive),
                 agents = revive_stalled(agents, narrowing, tournament, record, done, max_steps, max_time,
-                                        log if verbose else None)  # that fell away to a copy of the best state
+                                        log if verbose else None)
                 agents = roll_back_declined(agents, narrowing, tournament, record, done, max_steps, max_time,
-                                            log if verbose else None)  # (rollback)
+                                            log if verbose else None)  # one that fell away to its best (rollback)
                 state.agents = agents
         if evo_steps is not None and done % evo_steps == 0 and done < max_steps \
                 and len(agents) >= getattr(tournament, "min_population", 2):  # narrowed below it: train on

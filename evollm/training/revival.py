@@ -45,10 +45,15 @@ def park_runner_up(dropped: Sequence, rank: Callable, narrowing, kept_size: int,
     return [a for a in dropped if a is not runner_up]
 
 
+def member_evaluations(record: Population, index: int) -> list[tuple[int, float]]:
+    """``(step, fitness)`` of member ``index``'s held-out evaluations, oldest first (from the run's record)."""
+    return [(int(r["step"]), float(r["fitness"])) for r in record.rows if int(r["member"]) == index]
+
+
 def stall_inputs(record: Population, index: int, patience: int) -> tuple[list[float], list[bool]]:
     """Member ``index``'s held-out fitness history and, for its steps after its evaluation ``patience``
     evaluations ago, whether each had no learning signal (from the run's record)."""
-    evaluations = [(int(r["step"]), float(r["fitness"])) for r in record.rows if int(r["member"]) == index]
+    evaluations = member_evaluations(record, index)
     if len(evaluations) <= patience:
         return [f for _, f in evaluations], []
     since = evaluations[-patience - 1][0]
@@ -183,7 +188,7 @@ def fitness_since_change(record: Population, index: int, after: int = 0) -> list
     after the population last changed (its last cut, swap or roll-back), oldest first: a fall is measured
     from the best, and a member that has just come back is judged on its own steps."""
     since = max([int(r["step"]) for r in record.selection_rows] + [int(after)])
-    return [float(r["fitness"]) for r in record.rows if int(r["member"]) == index and int(r["step"]) > since]
+    return [f for step, f in member_evaluations(record, index) if step > since]
 
 
 def _roll_back(agents, member, fitness, kept, record, step, max_steps, max_time, narrowing, log) -> list:

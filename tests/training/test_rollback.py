@@ -11,6 +11,7 @@ from conftest import StopAt, make_grpo
 from evollm.hpo import HyperparameterConfig, Narrowing, RLParameter
 from evollm.hpo.narrowing import declined
 from evollm.run import list_checkpoints
+from evollm.training.callbacks import Callback
 from evollm.training.loop import finetune_llm_reasoning
 from evollm.training.revival import scaled_learning_rates
 
@@ -67,17 +68,12 @@ def _reward(completion, answer, question=""):
     return 0.0 if PHASE["zero"] else 1.0 + float(len(completion) % 3)
 
 
-class _ZeroAfter:
+class _ZeroAfter(Callback):
     """Sets the reward to zero after the evaluation of step ``step``: the survivor's held-out fitness falls to 0
     and, every group's rewards then being equal, no later step changes its weights."""
 
     def __init__(self, step):
         self.step = step
-
-    def __getattr__(self, name):
-        if name.startswith("on_"):
-            return lambda *args, **kwargs: None
-        raise AttributeError(name)
 
     def on_evaluation(self, state, fitness):
         if state.step >= self.step:
@@ -107,17 +103,12 @@ def _adapter(agent):
     return agent.shared.state_dict(agent.adapter_name())
 
 
-class _AtRollback:
+class _AtRollback(Callback):
     """Copies, at the end of step ``step``, the live member's adapter and optimizer moments and the kept
     state's."""
 
     def __init__(self, step):
         self.step, self.seen = step, {}
-
-    def __getattr__(self, name):
-        if name.startswith("on_"):
-            return lambda *args, **kwargs: None
-        raise AttributeError(name)
 
     def on_step_complete(self, state):
         if state.step == self.step:
