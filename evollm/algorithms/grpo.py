@@ -366,17 +366,24 @@ def _optimizer_only_update(agent: GRPO, batch: _Prepared) -> dict[str, float]:
     optimizer_only_update(agent, agent.shared.parameters(agent.adapter_name("actor")), batch.seqs.shape[0])
     agent.steps += 1
     grouped = batch.rewards.reshape(-1, c.group_size)
-    return {"loss": 0.0, "kl": 0.0, "approx_kl": float("nan"), "clip_fraction": 0.0, "entropy": float("nan"),
+    return {**_unmeasured_sampler(batch), "loss": 0.0, "kl": 0.0, "approx_kl": float("nan"), "clip_fraction": 0.0, "entropy": float("nan"),
             "grad_norm": 0.0, "epochs": float(c.update_epochs), "mean_reward": float(batch.rewards.mean()),
             "zero_std_groups": float((grouped.max(1).values == grouped.min(1).values).float().mean()),
             "completion_length": float(batch.mask.sum(1).float().mean()), "learn_path": "no_gradient",
             "learn_chunks": 0.0}
 
 
+def _unmeasured_sampler(batch: _Prepared) -> dict[str, float]:
+    """``sampler_*`` metrics of a step that ran no trainer forward: the engine sampled, but its mismatch
+    with the trainer was not measured (``nan``; no update needed a correction). Every step of a run
+    with engine rollouts carries the same columns."""
+    return {} if batch.sampler is None else {f"sampler_{k}": float("nan") for k in F.SAMPLER_STATS}
+
+
 def _no_update(agent: GRPO, batch: _Prepared) -> dict[str, float]:
     """Metrics of a step with no informative group (every group's rewards equal): no update."""
     agent.steps += 1
-    return {"loss": 0.0, "kl": 0.0, "approx_kl": 0.0, "clip_fraction": 0.0, "entropy": float("nan"),
+    return {**_unmeasured_sampler(batch), "loss": 0.0, "kl": 0.0, "approx_kl": 0.0, "clip_fraction": 0.0, "entropy": float("nan"),
             "grad_norm": 0.0, "epochs": 0.0, "mean_reward": float("nan"), "zero_std_groups": 1.0,
             "completion_length": float("nan")}
 

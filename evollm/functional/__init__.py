@@ -19,8 +19,8 @@ value is non-zero.  Values in invalid cells are never read arithmetically
 
 from .advantages import (ADVANTAGE_SCALES, explained_variance, gae, group_advantages, informative_groups,
                          overlong_penalty, rebn, truncation_bootstrap)
-from .losses import (LOSS_PRESETS, LOSS_TYPES, SAMPLER_CORRECTIONS, approx_kl, k3_kl, policy_loss,
-                     policy_loss_with_stats, sampler_importance_weights, value_loss)
+from .losses import (LOSS_PRESETS, LOSS_TYPES, SAMPLER_CORRECTIONS, SAMPLER_STATS, approx_kl, k3_kl,
+                     policy_loss, policy_loss_with_stats, sampler_importance_weights, value_loss)
 from .masked import masked_mean, masked_sum, masked_whiten
 from .tokens import broadcast_turn_values, entropy_from_logits, token_logprobs, turn_values_from_tokens
 
@@ -30,5 +30,5 @@ __all__ = [
     "policy_loss_with_stats", "gae", "truncation_bootstrap", "explained_variance", "rebn", "masked_mean",
     "masked_sum", "masked_whiten",
     "value_loss", "token_logprobs", "entropy_from_logits", "broadcast_turn_values",
-    "turn_values_from_tokens", "SAMPLER_CORRECTIONS", "sampler_importance_weights",
+    "turn_values_from_tokens", "SAMPLER_CORRECTIONS", "SAMPLER_STATS", "sampler_importance_weights",
 ]

@@ -45,6 +45,9 @@ LOSS_PRESETS: Dict[str, Dict[str, object]] = {
 #: Valid values of ``loss_type`` for :func:`policy_loss`.
 LOSS_TYPES: Tuple[str, ...] = tuple(LOSS_PRESETS)
 
+#: The statistics :func:`sampler_importance_weights` returns (the learners log them as ``sampler_<name>``).
+SAMPLER_STATS = ("logp_diff_mean", "logp_diff_max", "is_ratio_min", "is_ratio_mean", "is_ratio_max",
+                 "is_corrected_fraction")
 #: Valid values of ``mode`` for :func:`sampler_importance_weights` (TRL's ``vllm_importance_sampling_mode``).
 SAMPLER_CORRECTIONS: Tuple[str, ...] = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 

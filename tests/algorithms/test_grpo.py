@@ -211,3 +211,21 @@ def test_no_signal_update_skips_the_forwards_and_equals_the_full_update(tiny, ar
     monkeypatch.setattr(updates, "SKIP_ZERO_GRADIENT", True)
     out = GRPO.learn_population(pop, [(ids, masks, flat), (ids, masks, signal)])
     assert out[0]["learn_path"] == "no_gradient" and out[1]["learn_path"] != "no_gradient" and out[1]["grad_norm"] > 0
+
+
+def test_engine_rollouts_log_the_sampler_mismatch_on_every_step(tiny, arithmetic_env):
+    """Rollouts that carry the sampling engine's log-probs log ``sampler_*`` on every step: measured
+    where the update ran its forward, ``nan`` where a step without signal skipped it (same columns)."""
+    from evollm import functional as F
+
+    model, tok = tiny
+    agent = make_grpo(model, tok, beta=0.0)[0]
+    ids, masks = agent.get_action(arithmetic_env.reset())
+    sampler = [torch.zeros(m.shape) for m in masks]
+    learned = agent.learn((ids, masks, torch.tensor([[1.0, 0, 0, 0]] * 4), sampler))
+    skipped = agent.learn((ids, masks, torch.ones(4, 4), sampler))  # every group's rewards equal
+    columns = {f"sampler_{k}" for k in F.SAMPLER_STATS}
+    assert columns <= set(learned) and columns <= set(skipped)
+    assert learned["sampler_logp_diff_max"] > 0 and learned["sampler_is_ratio_mean"] > 0
+    assert all(skipped[c] != skipped[c] for c in columns)  # nan: not measured
+    assert not columns & set(agent.learn((ids, masks, torch.ones(4, 4))))  # no engine: no sampler columns

@@ -59,3 +59,8 @@ def test_policy_loss_multiplies_each_token_term_by_its_weight():
     loss.backward()
     # d/dlogp of -rho*A*w at rho=1 is -A*w / n_tokens / B
     torch.testing.assert_close(logp.grad, torch.tensor([[-2 / 6, -0.5 / 6, -1 / 6], [2.0, 0.0, 0.0]]))
+
+
+def test_stats_are_the_documented_columns():
+    _, st = F.sampler_importance_weights(TRAINER, SAMPLER, MASK)
+    assert tuple(st) == F.SAMPLER_STATS

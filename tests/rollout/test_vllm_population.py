@@ -1,6 +1,7 @@
 """A population trained with rollout_backend='vllm' learns, and the engine keeps up with evolution
 (vLLM stage; skipped without vLLM)."""
 
+import math
 import os
 
 import pytest
@@ -50,10 +51,11 @@ def test_population_run_with_vllm_rollouts_learns(tmp_path):
     rewards = [sum(m["mean_reward"] for m in step.values()) / len(step) for step in record.steps]
     first, last = sum(rewards[:6]) / 6, sum(rewards[-6:]) / 6
     assert last > first + 0.15, rewards  # HF rollouts, same settings: 0.07 -> 0.33
-    mismatch = [m["sampler_logp_diff_max"] for step in record.steps for m in step.values()]
-    assert mismatch and max(mismatch) < 1e-3  # float32 engine: trainer and sampler agree, weights ~1
-    ratios = [m["sampler_is_ratio_mean"] for step in record.steps for m in step.values()]
-    assert all(abs(r - 1) < 1e-3 for r in ratios)
+    # every step logs the mismatch; a step without signal skipped its forward and logs nan (not measured)
+    logged = [m for step in record.steps for m in step.values()]
+    measured = [m for m in logged if not math.isnan(m["sampler_logp_diff_max"])]
+    assert measured and max(m["sampler_logp_diff_max"] for m in measured) < 1e-3  # float32: trainer = sampler
+    assert all(abs(m["sampler_is_ratio_mean"] - 1) < 1e-3 for m in measured)  # weights ~1
     engine.close()
 
 
