@@ -126,6 +126,7 @@ class Recorder:
                 rec.evaluations.append({"cpu_s": rec.clock.cpu(), "step": state.step, "trial": trial,
                                         "members": [int(a.index) for a in state.agents],
                                         "fitness": [float(f) for f in fitness],
+                                        "fitness_se": [float(x) for x in getattr(fitness, "stderr", None) or []],
                                         "hyperparameters": [hps(a) for a in state.agents]})
         return _Budget()
 

@@ -165,6 +165,8 @@ class NarrowingSection(Section):
                             "train.keep_best. Why: the first cuts favour the rate whose play improves fastest, often one "
                             "that then falls back alone (benchmarks/README.md, HPO section).")
     decline: float = option(0.1, "Fall below the best state's fitness, as a share of it, that triggers a roll-back.")
+    decline_se: float = option(1.5, "Standard errors of the best state's evaluation that the fall must also exceed "
+                                    "(0: the share `decline` alone).")
     rollback_lr: float = option(0.5, "Factor on the learning rates of a roll-back's copy (not below their search range).")
     max_rollbacks: int = option(2, "Roll-backs per run at most (0: none).")
 
@@ -177,7 +179,7 @@ class NarrowingSection(Section):
             return Narrowing(at=self.at, keep=self.keep, min_size=self.min_size, evaluate=self.evaluate,
                              incumbent=self.incumbent, revive=self.revive, patience=self.patience,
                              no_signal=self.no_signal, rollback=self.rollback, decline=self.decline,
-                             rollback_lr=self.rollback_lr, max_rollbacks=self.max_rollbacks)
+                             rollback_lr=self.rollback_lr, max_rollbacks=self.max_rollbacks, decline_se=self.decline_se)
         except ValueError as e:
             raise ConfigError(f"hpo.narrowing: {e}") from e
 

@@ -50,6 +50,14 @@ def member_evaluations(record: Population, index: int) -> list[tuple[int, float]
     return [(int(r["step"]), float(r["fitness"])) for r in record.rows if int(r["member"]) == index]
 
 
+def evaluation_stderr(record: Population, index: int | None, step: int | None) -> float:
+    """Standard error of member ``index``'s held-out evaluation at ``step`` (NaN when not recorded)."""
+    for r in record.rows:
+        if index is not None and int(r["member"]) == int(index) and int(r["step"]) == step:
+            return float(r.get("fitness_se", math.nan))
+    return math.nan
+
+
 def stall_inputs(record: Population, index: int, patience: int) -> tuple[list[float], list[bool]]:
     """Member ``index``'s held-out fitness history and, for its steps after its evaluation ``patience``
     evaluations ago, whether each had no learning signal (from the run's record)."""
@@ -156,7 +164,7 @@ def roll_back_declined(agents: list, narrowing, tournament, record: Population, 
     """After an evaluation: when the schedule is finished and the members train alone, a member that has
     :func:`~evollm.hpo.narrowing.declined` from the run's kept best state (``record.kept``, when it was measured
     at or after the last cut: a best of several members is not one member's to match; judged on the
-    evaluations after it) gives its place
+    evaluations after it, beyond ``narrowing.decline_se`` standard errors of the state's evaluation) gives its place
     to a copy of that state whose learning rates are ``narrowing.rollback_lr`` times the lower of the state's
     and the fallen member's (:func:`scaled_learning_rates`; at most
     ``narrowing.max_rollbacks`` times per run); the declined member is released. Recorded as a ``revival``
@@ -173,7 +181,8 @@ def roll_back_declined(agents: list, narrowing, tournament, record: Population, 
         if getattr(agent, "quarantined", False):
             continue
         fitness = fitness_since_change(record, int(agent.index), after=int(kept.step))
-        if declined(fitness, kept.fitness, narrowing.patience, narrowing.decline):
+        if declined(fitness, kept.fitness, narrowing.patience, narrowing.decline,
+                    best_se=evaluation_stderr(record, kept.source, kept.step), z=narrowing.decline_se):
             return _roll_back(agents, agent, fitness, kept, record, step, max_steps, max_time, narrowing, log)
     return agents
 

@@ -304,6 +304,10 @@ def test_default_narrowing_applies_to_evolving_populations_only():
     assert two.sizes(8) == [8, 4, 2, 2]  # keeps evolving to the end
     assert build_narrowing(load({**EVO, **eight, "hpo": {"narrowing": {"at": []}}})) is None
     assert (narrowing.rollback, narrowing.decline, narrowing.rollback_lr, narrowing.max_rollbacks) == (True, 0.1, 0.5, 2)
+    assert narrowing.decline_se == 1.5
+    assert build_narrowing(load({**EVO, **eight}, ["hpo.narrowing.decline_se=0"])).decline_se == 0.0
+    with pytest.raises(ConfigError, match=r"^hpo.narrowing: Narrowing.decline_se must be >= 0 standard errors, got -1.0$"):
+        load({**EVO, **eight}, ["hpo.narrowing.decline_se=-1"])
     off = build_narrowing(load({**EVO, **eight}, ["hpo.narrowing.rollback=false", "hpo.narrowing.max_rollbacks=1"]))
     assert not off.rollback and off.max_rollbacks == 1
     with pytest.raises(ConfigError, match=r"^hpo.narrowing: Narrowing.decline must be a share in \(0, 1\), got 1.5$"):

@@ -27,12 +27,20 @@ def test_declined_by_hand():
     assert not declined([-1.05, -1.05], best=-1.0, patience=2)
     assert not declined([0.1, math.nan], best=0.7, patience=2)  # an unmeasured evaluation: no decision
     assert not declined([0.1, 0.1], best=-math.inf, patience=2)  # nothing kept yet
+    # beyond the noise too: 0.03 below a best of 0.22 is more than 10 % of it, but not 1.5 standard errors of 0.03
+    assert not declined([0.19, 0.19, 0.19], best=0.22, best_se=0.03)
+    assert declined([0.19, 0.19, 0.19], best=0.22, best_se=0.03, z=0.9)  # 0.027 < 0.03
+    assert declined([0.19, 0.19, 0.19], best=0.22, best_se=0.019)  # 1.5 se = 0.0285 < 0.03
+    assert not declined([0.19, 0.19, 0.19], best=0.22, best_se=0.021)  # 0.0315 > 0.03
+    assert declined([0.62, 0.62, 0.62], best=0.70, best_se=math.nan)  # no standard error recorded: the share alone
+    assert not declined([0.62, 0.62, 0.62], best=0.70, best_se=0.06)  # 0.08 below, 1.5 se = 0.09
 
 
 def test_narrowing_rejects_bad_rollback_settings():
     for kwargs, message in (({"decline": 0.0}, r"decline must be a share in \(0, 1\)"),
                             ({"rollback_lr": 1.5}, r"rollback_lr must be a factor in \(0, 1\]"),
-                            ({"max_rollbacks": -1}, "max_rollbacks must be >= 0")):
+                            ({"max_rollbacks": -1}, "max_rollbacks must be >= 0"),
+                            ({"decline_se": -1.0}, "decline_se must be >= 0 standard errors")):
         with pytest.raises(ValueError, match=message):
             Narrowing(**kwargs)
 
@@ -80,7 +88,7 @@ class _ZeroAfter(Callback):
             PHASE["zero"] = True
 
 
-def _run(ckpt=None, resume=False, callbacks=(), rollback=True, max_rollbacks=2, verbose=False):
+def _run(ckpt=None, resume=False, callbacks=(), rollback=True, max_rollbacks=2, verbose=False, decline_se=1.5):
     from evollm.envs.reasoning import ReasoningGym
     from evollm.recipes.warm_start import load_tiny_model
     from evollm.tasks import ARITHMETIC_TEMPLATE, arithmetic_dataset
@@ -94,7 +102,7 @@ def _run(ckpt=None, resume=False, callbacks=(), rollback=True, max_rollbacks=2, 
     return finetune_llm_reasoning(
         pop, env, max_steps=8, evaluation_interval=1, evo_steps=None, verbose=verbose, seed=0,
         narrowing=Narrowing(at=(0.1,), keep=0.5, min_size=1, revive=False, patience=2, rollback=rollback,
-                            max_rollbacks=max_rollbacks),
+                            max_rollbacks=max_rollbacks, decline_se=decline_se),
         callbacks=[_ZeroAfter(2), *callbacks], checkpoint_dir=ckpt, checkpoint_every=1 if ckpt else None,
         keep_checkpoints=2, resume=resume)
 
@@ -166,6 +174,20 @@ def test_without_rollback_the_survivor_trains_on_and_nothing_is_kept():
     assert record.kept is not None and "revival" not in set(record.selections()["kind"])
 
 
+def test_a_fall_within_the_noise_of_the_best_state_does_not_roll_back(monkeypatch):
+    """The loop reads the best state's standard error: the same fall to 0, read against an evaluation
+    whose standard error is 1.0 (1.5 standard errors above every fitness here), is noise."""
+    import evollm.training.revival as revival
+
+    asked = []
+    monkeypatch.setattr(revival, "evaluation_stderr", lambda record, index, step: asked.append((index, step)) or 1.0)
+    agents, record = _run()
+    assert record.kept is not None and "revival" not in set(record.selections()["kind"])
+    assert (record.kept.source, record.kept.step) in asked
+    _, record = _run(decline_se=0.0)  # the share alone: it rolls back as before
+    assert "rollback" in set(record.selections()["reason"].dropna())
+
+
 def test_resume_across_a_rollback_is_exact(tmp_path):
     agents, record = _run(tmp_path / "a")
     folder = tmp_path / "b"
@@ -186,7 +208,7 @@ def test_a_fall_is_measured_after_the_best_state_and_since_the_last_change():
     """The evaluations a roll-back judges: only those after the best state's step and after the population last
     changed (a cut, a swap, a roll-back); the last cut is the one a best state must be measured at or after."""
     from evollm.run.population import Population
-    from evollm.training.revival import fitness_since_change, last_cut
+    from evollm.training.revival import evaluation_stderr, fitness_since_change, last_cut
 
     record = Population()
     record.rows = [{"step": s, "member": m, "fitness": f}
@@ -199,3 +221,6 @@ def test_a_fall_is_measured_after_the_best_state_and_since_the_last_change():
     assert declined(fitness_since_change(record, 1, after=30), best=0.6, patience=2)  # mean 0.45 < 0.54
     record.selection_rows.append({"step": 40, "kind": "revival", "reason": "rollback"})
     assert last_cut(record) == 10 and fitness_since_change(record, 1, after=30) == [0.4]  # since the roll-back
+    record.rows[3]["fitness_se"] = 0.05
+    assert evaluation_stderr(record, 1, 30) == 0.05  # the best state's, by its member and step
+    assert math.isnan(evaluation_stderr(record, 1, 40)) and math.isnan(evaluation_stderr(record, None, None))
