@@ -147,6 +147,28 @@ def test_a_run_starts_from_the_same_random_state_whether_or_not_it_is_its_worker
     assert torch.equal(first[0], torch.get_rng_state()) and np.array_equal(first[1], np.random.get_state()[1])
 
 
+def test_a_run_leaves_the_workers_base_as_it_found_it(tmp_path, monkeypatch):
+    """Every adapter a run made (its last members, the kept best state) is deleted after it is scored: the
+    next run of the same worker starts on the same base, not one carrying every earlier run's adapters."""
+    import benchmarks.hpo.run as run
+    from benchmarks.hpo import task as task_module
+
+    loaded, load = [], task_module.load_task
+
+    def spy(*a, **k):
+        loaded.append(load(*a, **k))
+        return loaded[-1]
+
+    monkeypatch.setattr(task_module, "load_task", spy)
+    config = tmp_path / "task.yaml"
+    config.write_text(CONFIG)
+    rc = run.main(["--config", str(config), "--seeds", "2", "--budget-cpu-s", "0.4", "--checkpoints", "1",
+                   "--arms", "evollm", "default", "--grid-points", "0", "--report-size", "8", "--in-process",
+                   "--out", str(tmp_path / "bench"), "--parts-dir", str(tmp_path / "parts")])
+    assert rc == 0 and len(loaded) == 1
+    assert len(run._adapters(loaded[0])) == 1  # the base model's scoring member's, which PEFT cannot drop
+
+
 TEAM_CONFIG = """
 seed: 0
 threads: 1
