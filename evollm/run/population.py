@@ -263,6 +263,18 @@ class Population:
         scored = [a for a in members if a.fitness]
         return max(scored, key=lambda a: a.fitness[-1]) if scored else members[0]
 
+    def release(self) -> None:
+        """Free every member this run still holds on the shared base: the live members, the kept best state
+        and a parked reserve (their adapters and optimizer state; the history stays readable). Call it, once
+        what you need is saved (``best().save_checkpoint(...)``), before another run on the same model in
+        this process: adapters left on the base lengthen its module walks, and each later run is slower.
+        Idempotent."""
+        for agent in self.members:
+            agent.release()
+        for held in (self.kept, self.reserve):
+            if held is not None and held.member is not None:
+                held.member.release()
+
     # ------------------------------------------------------------------ files
     def write(self, out_dir: str | Path, plots: bool = True) -> dict[str, Path]:
         out = Path(out_dir)

@@ -224,3 +224,15 @@ def test_a_fall_is_measured_after_the_best_state_and_since_the_last_change():
     record.rows[3]["fitness_se"] = 0.05
     assert evaluation_stderr(record, 1, 30) == 0.05  # the best state's, by its member and step
     assert math.isnan(evaluation_stderr(record, 1, 40)) and math.isnan(evaluation_stderr(record, None, None))
+
+
+def test_releasing_the_run_frees_every_member_it_holds():
+    """``Population.release``: the live member, the kept best state and the members the run replaced leave the
+    shared base (its history stays readable), so another run on the same model starts on a bare base."""
+    agents, record = _run()
+    shared = agents[0].shared
+    assert record.kept.member is not None and [a for a in shared.adapters() if shared.is_live(a)]
+    record.release()
+    assert [a for a in shared.adapters() if shared.is_live(a)] == []
+    assert len(record.report()) > 0 and record.best() is record.kept.member  # the history is still there
+    record.release()  # idempotent
