@@ -220,12 +220,35 @@ def driver(args) -> int:
            "command": "python -m benchmarks.hpo.run " + " ".join(args.argv),
            "git": _git_head(), "setting": {k: v for k, v in vars(args).items() if k not in ("passthrough",)},
            "arms": arms, "seeds": seeds, "report_set_se": noise, "summary": summary,
-           "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "threads_per_run": 1,
-                       "parallel_runs": args.jobs, "load_avg_at_end": os.getloadavg()},
+           "machine": {**machine(), "threads_per_run": 1, "parallel_runs": args.jobs,
+                       "load_avg_at_end": os.getloadavg()},
            "runs": runs}
     out.with_suffix(".json").write_text(json.dumps(doc, indent=1, default=float))
     print(f"wrote {out.with_suffix('.json')}, .png, .md")
     return 0
+
+
+def machine() -> dict:
+    """What the machine is, beyond its platform string: the CPU model and the kernels torch picks for it, and
+    the versions of the packages a run's numbers depend on. The tiny task's warm-started model itself depends
+    on the CPU: trained by the same code, it scored 0.41 before training on the earlier days' machine and 0.445
+    on an AMD EPYC with AVX2 (benchmarks/README.md), so runs are comparable only on the same CPU."""
+    import importlib.metadata as md
+    import torch
+    cpu = ""
+    try:
+        cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                    if line.startswith("model name")), "")
+    except OSError:
+        pass
+    versions = {}
+    for name in ("torch", "transformers", "peft", "numpy"):
+        try:
+            versions[name] = md.version(name)
+        except md.PackageNotFoundError:
+            pass
+    return {"platform": platform.platform(), "cpus": os.cpu_count(), "cpu_model": cpu or platform.processor(),
+            "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(), "versions": versions}
 
 
 def _git_head() -> str:

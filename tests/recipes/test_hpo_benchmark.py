@@ -54,6 +54,11 @@ def test_every_arm_runs_once_per_seed_and_stops_at_its_budget(result):
             assert c["cpu_s"] >= c["fraction"] * 0.6
             assert 0.0 <= c["score"] <= 1.0 and c["se"] >= 0.0  # scored on the 8 report questions
         assert run["report_size"] == 8 and run["validation_size"] == 8
+    # the machine's CPU and package versions are recorded: the tiny task's warm start depends on the CPU
+    import torch
+    machine = doc["machine"]
+    assert machine["cpus"] >= 1 and machine["torch_cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    assert machine["versions"]["torch"] == torch.__version__ and "transformers" in machine["versions"]
 
 
 def test_arms_differ_as_documented(result):
