@@ -158,7 +158,7 @@ class NarrowingSection(Section):
                               "signal (learn_path no_gradient) for a stall (with `revive`); 1.0: only a member none "
                               "of whose steps had one.")
     rollback: bool = option(True, "When the member training alone falls away from the run's best evaluated state since the "
-                            "last cut (the mean of its last `patience` evaluations after it more than `decline` "
+                            "last cut or stall swap (the mean of its last `patience` evaluations after it more than `decline` "
                             "below it), a copy of that state "
                             "(adapters, optimizer state, hyperparameters) trains on in its place with `rollback_lr` times the "
                             "lower of its and the fallen member's learning rates, at most `max_rollbacks` times; the best state is kept as with "

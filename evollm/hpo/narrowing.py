@@ -159,8 +159,8 @@ class Narrowing:
             (default 0.5).
         rollback: when a member training alone (the schedule finished, selection stopped) has
             :func:`declined` (the mean of its last ``patience`` evaluations since the run's best evaluated
-            state more than ``decline`` below it; only a best state measured at or after the last cut, so
-            a lucky evaluation among several members is no member's bar), put a copy of that state (adapters, optimizer state,
+            state more than ``decline`` below it; only a best state measured at or after the last cut or stall swap,
+            so a lucky evaluation among several members, or the plateau a swap left, is no member's bar), put a copy of that state (adapters, optimizer state,
             hyperparameters) in its place with ``rollback_lr`` times the lower of its and the fallen
             member's learning rates (a second roll-back lowers the rate again), at most
             ``max_rollbacks`` times per run: exploit and explore, as a population-based step does, against

@@ -163,7 +163,8 @@ def roll_back_declined(agents: list, narrowing, tournament, record: Population, 
                        max_time: float | None, log: Callable[[str], None] | None = None) -> list:
     """After an evaluation: when the schedule is finished and the members train alone, a member that has
     :func:`~evollm.hpo.narrowing.declined` from the run's kept best state (``record.kept``, when it was measured
-    at or after the last cut: a best of several members is not one member's to match; judged on the
+    at or after the last cut or swap (:func:`last_cut`): a best of several members, or the plateau a
+    stall swap replaced, is not this member's to match; judged on the
     evaluations after it, beyond ``narrowing.decline_se`` standard errors of the state's evaluation) gives its place
     to a copy of that state whose learning rates are ``narrowing.rollback_lr`` times the lower of the state's
     and the fallen member's (:func:`scaled_learning_rates`; at most
@@ -175,7 +176,7 @@ def roll_back_declined(agents: list, narrowing, tournament, record: Population, 
             or not trains_alone(len(agents), tournament) or step >= max_steps
             or rollbacks(record) >= narrowing.max_rollbacks):
         return agents
-    if kept.step is None or kept.step < last_cut(record):  # the best of several members: not this one's to match
+    if kept.step is None or kept.step < last_cut(record):  # another member's best: not this one's to match
         return agents
     for agent in agents:
         if getattr(agent, "quarantined", False):
@@ -187,9 +188,19 @@ def roll_back_declined(agents: list, narrowing, tournament, record: Population, 
     return agents
 
 
+#: revival reasons that bring in a member from outside the lineage training alone (the reserve)
+SWAPS = ("stall", "quarantine")
+
+
 def last_cut(record: Population) -> int:
-    """Step of the run's last narrowing (0 when none)."""
-    return max((int(r["step"]) for r in record.selection_rows if r.get("kind") == "narrowing"), default=0)
+    """Step of the run's last narrowing or swap (0 when none): the last time the member training alone was
+    chosen from others. A best state measured before it is not the member's own to fall from: a best of
+    several members, or, after a stall swap or a quarantine rescue, the stalled member's plateau that the
+    reserve replaced (rolling back to it would undo the swap). A roll-back is not a swap: its copy starts
+    from the best state."""
+    return max((int(r["step"]) for r in record.selection_rows
+                if r.get("kind") == "narrowing" or (r.get("kind") == "revival" and r.get("reason") in SWAPS)),
+               default=0)
 
 
 def fitness_since_change(record: Population, index: int, after: int = 0) -> list[float]:

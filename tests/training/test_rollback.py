@@ -206,7 +206,7 @@ def test_resume_across_a_rollback_is_exact(tmp_path):
 
 def test_a_fall_is_measured_after_the_best_state_and_since_the_last_change():
     """The evaluations a roll-back judges: only those after the best state's step and after the population last
-    changed (a cut, a swap, a roll-back); the last cut is the one a best state must be measured at or after."""
+    changed (a cut, a swap, a roll-back); the last cut or swap is the one a best state must be measured at or after."""
     from evollm.run.population import Population
     from evollm.training.revival import evaluation_stderr, fitness_since_change, last_cut
 
@@ -221,6 +221,10 @@ def test_a_fall_is_measured_after_the_best_state_and_since_the_last_change():
     assert declined(fitness_since_change(record, 1, after=30), best=0.6, patience=2)  # mean 0.45 < 0.54
     record.selection_rows.append({"step": 40, "kind": "revival", "reason": "rollback"})
     assert last_cut(record) == 10 and fitness_since_change(record, 1, after=30) == [0.4]  # since the roll-back
+    record.selection_rows.append({"step": 45, "kind": "revival", "reason": "stall"})
+    assert last_cut(record) == 45  # the reserve swapped in: the best state at step 30 is not its own to fall from
+    record.selection_rows[-1]["reason"] = "quarantine"
+    assert last_cut(record) == 45
     record.rows[3]["fitness_se"] = 0.05
     assert evaluation_stderr(record, 1, 30) == 0.05  # the best state's, by its member and step
     assert math.isnan(evaluation_stderr(record, 1, 40)) and math.isnan(evaluation_stderr(record, None, None))
@@ -236,3 +240,36 @@ def test_releasing_the_run_frees_every_member_it_holds():
     assert [a for a in shared.adapters() if shared.is_live(a)] == []
     assert len(record.report()) > 0 and record.best() is record.kept.member  # the history is still there
     record.release()  # idempotent
+
+
+def test_a_reserve_swapped_in_is_not_rolled_back_to_the_plateau_it_replaced(monkeypatch):
+    """A stall swap puts the reserve (parked at the cut, behind) in place of a member stuck on a plateau; the
+    run's best state is that member's. The reserve's first evaluations are below it, but it did not fall from
+    it: rolling back would undo the swap (seen on SmolLM2: a swap at step 150, then a roll-back to the plateau
+    at a quarter of the rate). The same evaluations by the member the best state came from do roll back."""
+    from types import SimpleNamespace
+
+    import evollm.training.revival as revival
+    from evollm.run.population import Population
+
+    rolled = []
+    monkeypatch.setattr(revival, "_roll_back", lambda agents, member, *a: rolled.append(member.index) or agents)
+    narrowing = SimpleNamespace(rollback=True, finished=True, max_rollbacks=2, patience=3, decline=0.1,
+                                decline_se=1.5, elapsed_s=None)
+
+    def run(survivor_reason):
+        record = Population()
+        plateau = [(50, 20, 0.2125), (75, 20, 0.225), (100, 20, 0.225), (125, 20, 0.225), (150, 20, 0.2125)]
+        after = [(175, 17, 0.075), (200, 17, 0.1), (225, 17, 0.1375)]
+        record.rows = [{"step": s, "member": m, "fitness": f, "fitness_se": 0.056} for s, m, f in plateau + after]
+        record.selection_rows = [{"step": 25, "kind": "narrowing"}, {"step": 150, "kind": "revival",
+                                                                       "reason": survivor_reason}]
+        record.kept = SimpleNamespace(member=object(), source=20, step=75, fitness=0.225)
+        agent = SimpleNamespace(index=17, quarantined=False)
+        return revival.roll_back_declined([agent], narrowing, None, record, 225, 400, None)
+
+    run("stall")
+    run("quarantine")
+    assert rolled == []
+    run("rollback")  # a copy of the best state that fell away again: it rolls back
+    assert rolled == [17]
