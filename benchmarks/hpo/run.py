@@ -231,8 +231,8 @@ def driver(args) -> int:
 def machine() -> dict:
     """What the machine is, beyond its platform string: the CPU model and the kernels torch picks for it, and
     the versions of the packages a run's numbers depend on. The tiny task's warm-started model itself depends
-    on the CPU: trained by the same code, it scored 0.41 before training on the earlier days' machine and 0.445
-    on an AMD EPYC with AVX2 (benchmarks/README.md), so runs are comparable only on the same CPU."""
+    on the machine (likely its CPU kernels): built by the same code, it scored 0.41 before training on the earlier
+    days' machine and 0.445 on an AMD EPYC with AVX2 (benchmarks/README.md), so compare runs made on one CPU."""
     import importlib.metadata as md
     import torch
     cpu = ""

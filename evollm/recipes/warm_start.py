@@ -33,9 +33,10 @@ small, several times faster on busy ones, and independent of the core count)::
 * sampled accuracy (temperature 1.0, 800 samples): 22.1 % / 21-24 % / 20-22 %;
 * well-formed answers (digits then ``<eos>``): 100 % greedy, 98-100 % sampled.
 
-The build is deterministic for a given recipe on a given CPU, not across CPUs: where the phase
+The build is deterministic for a given recipe on a given machine, not across machines: where the phase
 transition falls depends on the last bits of the arithmetic, which differ between the matrix kernels
-torch picks for different processors. The figures above are from the machine the recipe was written on;
+torch picks for different processors (the likely cause; the same transformers version gives the same model).
+The figures above are from the machine the recipe was written on;
 on an AMD EPYC with AVX2 kernels the same recipe and code give a seed-0 model at 51.0 % greedy accuracy
 (27.1 % sampled), and the HPO benchmark's tiny tasks start from 0.445 instead of 0.41 on their report
 set (benchmarks/README.md): compare runs on the tiny model only when they were made on one CPU. The
