@@ -35,7 +35,7 @@ small, several times faster on busy ones, and independent of the core count)::
 
 The build is deterministic for a given recipe on a given machine, not across machines: where the phase
 transition falls depends on the last bits of the arithmetic, which differ between the matrix kernels
-torch picks for different processors (the likely cause; the same transformers version gives the same model).
+torch picks for different processors (the likely cause: transformers 5.23 and 5.24 give the same model on one machine).
 The figures above are from the machine the recipe was written on;
 on an AMD EPYC with AVX2 kernels the same recipe and code give a seed-0 model at 51.0 % greedy accuracy
 (27.1 % sampled), and the HPO benchmark's tiny tasks start from 0.445 instead of 0.41 on their report
