@@ -49,11 +49,12 @@ class Clock:
     ``cost`` model (``--cost-model gpu``, :mod:`benchmarks.hpo.cost`), those seconds charged by the number of
     live members; and wall seconds."""
 
-    def __init__(self, budget: float, checkpoints: int, cost=None):
+    def __init__(self, budget: float, checkpoints: int, cost=None, wall: bool = False):
         from .cost import ChargedClock
         self.budget = float(budget)
         self.marks = [budget * (k + 1) / checkpoints for k in range(checkpoints)]
-        self.charged = ChargedClock(cost)
+        self.charged = ChargedClock(cost, time.perf_counter if wall else time.process_time)
+        self.wall_budget = wall  # a run on a GPU: the budget is wall seconds
         self.wall0 = time.perf_counter()
 
     def cpu(self) -> float:
@@ -240,7 +241,8 @@ def budget_kwargs(cfg, clock: Clock) -> dict:
         names = set(inspect.signature(evolve).parameters)
     out = {}
     if "max_time_clock" in names:
-        out.update(max_time=clock.budget, max_time_clock=clock.charged if clock.charged.cost else "cpu")
+        charged = clock.charged.cost or getattr(clock, "wall_budget", False)
+        out.update(max_time=clock.budget, max_time_clock=clock.charged if charged else "cpu")
     if hasattr(builders, "build_narrowing"):
         out["narrowing"] = builders.build_narrowing(cfg)
     return {**out, **keep_best_kwargs(cfg)}

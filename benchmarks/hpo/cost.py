@@ -57,22 +57,25 @@ def load_step_cost(path: str | Path = DEFAULT_MEASUREMENT) -> StepCost:
 class ChargedClock:
     """This process's CPU seconds, each charged at ``cost.factor(members)`` for the members live while it
     was spent (``cost`` None: charged 1, the CPU clock itself). :meth:`set_members` is told when the
-    population's size changes; the seconds before it are charged at the old size."""
+    population's size changes; the seconds before it are charged at the old size. ``timer`` is the raw
+    clock: ``time.process_time`` (CPU seconds), or ``time.perf_counter`` for a run on a GPU (``--device
+    cuda``: wall seconds, the GPU's time being what the arms share)."""
 
-    def __init__(self, cost: StepCost | None = None):
+    def __init__(self, cost: StepCost | None = None, timer=None):
         self.cost = cost
+        self.timer = timer or time.process_time
         self.members = 1
-        self._raw0 = self._raw_last = time.process_time()
+        self._raw0 = self._raw_last = self.timer()
         self._charged = 0.0
         self.raw_by_members: dict[int, float] = {}  # CPU seconds spent at each population size
 
     def raw(self) -> float:
-        """CPU seconds since the clock started."""
-        return time.process_time() - self._raw0
+        """Raw seconds (CPU, or wall on a GPU) since the clock started."""
+        return self.timer() - self._raw0
 
     def __call__(self) -> float:
         """Charged seconds since the clock started."""
-        now = time.process_time()
+        now = self.timer()
         spent, self._raw_last = now - self._raw_last, now
         self.raw_by_members[self.members] = self.raw_by_members.get(self.members, 0.0) + spent
         self._charged += spent * (self.cost.factor(self.members) if self.cost else 1.0)

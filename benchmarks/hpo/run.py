@@ -44,6 +44,8 @@ def worker(args) -> int:
     cfg = RunConfig.from_yaml(args.config, args.set)
     t0, c0 = time.perf_counter(), time.process_time()
     task = load_task(cfg, args.report_size)
+    if args.device != "cpu":  # the shared base on the GPU: every member's adapter follows it
+        task.model.to(args.device)
     setup = {"cpu_s": time.process_time() - c0, "wall_s": time.perf_counter() - t0, "git": _git_head()}
     for job in args.job:
         arm, rest = job.split("@", 1)
@@ -80,7 +82,7 @@ def run_one(task, cfg, arm: str, seed: int, path: Path, setup: dict, args) -> No
     cfg, initial = start_run(task, cfg, seed, setup)
     before = set(_adapters(task))
     cost = load_step_cost(args.cost_file or DEFAULT_MEASUREMENT) if args.cost_model == "gpu" else None
-    clock = Clock(args.budget_cpu_s, args.checkpoints, cost)
+    clock = Clock(args.budget_cpu_s, args.checkpoints, cost, wall=args.device != "cpu")
     out, rec = run_arm(arm, task, cfg, clock, args)
     cpu_s, wall_s, raw_cpu_s = clock.cpu(), clock.wall(), clock.raw_cpu()
     c0, w0 = time.process_time(), time.perf_counter()
@@ -88,7 +90,8 @@ def run_one(task, cfg, arm: str, seed: int, path: Path, setup: dict, args) -> No
     _free_run(task, before)
     last_eval = rec.evaluations[-1] if rec.evaluations else None
     part = {"arm": arm, "seed": seed, "budget_cpu_s": args.budget_cpu_s, "cpu_s": cpu_s, "wall_s": wall_s,
-            "raw_cpu_s": raw_cpu_s, "cost_model": cost.to_dict() if cost else "cpu",
+            "raw_cpu_s": raw_cpu_s, "cost_model": cost.to_dict() if cost else "cpu", "device": args.device,
+            "budget_clock": "wall" if args.device != "cpu" else "cpu",
             "raw_cpu_s_by_members": dict(sorted(clock.charged.raw_by_members.items())),
             "report_cpu_s": time.process_time() - c0, "report_wall_s": time.perf_counter() - w0,
             "setup": setup, "initial": initial, "checkpoints": rec.checkpoints, "evaluations": rec.evaluations,
@@ -206,7 +209,8 @@ def driver(args) -> int:
         return 1
     summary = stats.summarise(runs, args.checkpoints)
     noise = stats.mean_se([c["se"] for r in runs for c in r["checkpoints"][-1:]])[0]
-    title = (f"{Path(args.config).stem}: {args.budget_cpu_s:g} CPU-s per seed, {len(seeds)} seeds "
+    unit = "CPU-s" if args.device == "cpu" else f"wall-s on {args.device}"
+    title = (f"{Path(args.config).stem}: {args.budget_cpu_s:g} {unit} per seed, {len(seeds)} seeds "
              f"(band: ± se over seeds; report set {runs[0]['report_size']}, one evaluation's se ≈ {noise:.3f})")
     md = stats.table(summary, args.checkpoints) + "\n\n" + stats.verdict(summary) + "\n\n<details><summary>Every run</summary>\n\n" \
         + stats.per_run_table(runs) + "\n\n</details>\n"
@@ -247,8 +251,9 @@ def machine() -> dict:
             versions[name] = md.version(name)
         except md.PackageNotFoundError:
             pass
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     return {"platform": platform.platform(), "cpus": os.cpu_count(), "cpu_model": cpu or platform.processor(),
-            "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(), "versions": versions}
+            "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(), "gpu": gpu, "versions": versions}
 
 
 def _git_head() -> str:
@@ -289,6 +294,9 @@ def main(argv: list[str] | None = None) -> int:
                    "(benchmarks/hpo/cost.py; a lone member is charged 1)")
     p.add_argument("--cost-file", default=None, help="the gpu_population.py measurement the gpu cost model is "
                    "fitted to (default: benchmarks/results/gpu_population_smollm2_cuda_float32.json)")
+    p.add_argument("--device", default="cpu", help="where the runs train: 'cpu', or 'cuda' (the base and every "
+                   "adapter on the GPU; the budget is then wall seconds, since the arms share the GPU's time, so "
+                   "run with --jobs 1)")
     p.add_argument("--jobs", type=int, default=2, help="worker processes at a time")
     p.add_argument("--out", default="benchmarks/results/hpo", help="OUT.json, OUT.png, OUT.md")
     p.add_argument("--parts-dir", default=None, help="where each run's JSON is kept (default under /tmp)")
@@ -303,6 +311,7 @@ def main(argv: list[str] | None = None) -> int:
                         "--tpe-startup", str(args.tpe_startup)] + \
         (["--report-size", str(args.report_size)] if args.report_size else []) + \
         (["--lr-decay", args.lr_decay, "--lr-floor", str(args.lr_floor)] if args.lr_decay else []) + \
+        (["--device", args.device] if args.device != "cpu" else []) + \
         (["--cost-model", args.cost_model] + (["--cost-file", args.cost_file] if args.cost_file else [])
          if args.cost_model != "cpu" else []) + \
         [x for s in args.set for x in ("--set", s)] + [x for s in args.evo_set for x in ("--evo-set", s)]

@@ -262,6 +262,27 @@ def test_the_charged_clock_charges_each_second_at_the_size_it_was_spent_at(monke
     assert ChargedClock(None)() == 0.0  # no model: the CPU clock itself
 
 
+def test_a_run_on_a_gpu_is_budgeted_in_wall_seconds(monkeypatch, tmp_path):
+    """--device cuda: the arms share the GPU's time, so the budget's clock is the wall clock, not the
+    process's CPU time, and the loop's narrowing reads that clock too."""
+    from benchmarks.hpo import cost as cost_module
+    from benchmarks.hpo.arms import Clock, budget_kwargs
+    from evollm.config import RunConfig
+
+    cpu, wall = [10.0], [500.0]
+    monkeypatch.setattr(cost_module.time, "process_time", lambda: cpu[0])
+    monkeypatch.setattr(cost_module.time, "perf_counter", lambda: wall[0])
+    gpu_clock, cpu_clock = Clock(30.0, 2, wall=True), Clock(30.0, 2)
+    cpu[0] += 1.0  # the process waits on the GPU: little CPU time, much wall time
+    wall[0] += 7.0
+    assert gpu_clock.cpu() == pytest.approx(7.0) and cpu_clock.cpu() == pytest.approx(1.0)
+    config = tmp_path / "task.yaml"
+    config.write_text(CONFIG)
+    cfg = RunConfig.from_yaml(str(config))
+    assert budget_kwargs(cfg, gpu_clock)["max_time_clock"] is gpu_clock.charged
+    assert budget_kwargs(cfg, cpu_clock)["max_time_clock"] == "cpu"
+
+
 def test_a_population_under_the_gpu_cost_model_gets_more_cpu_than_its_budget(tmp_path):
     """--cost-model gpu: the population arm is charged less than a CPU second per CPU second while several
     members are live, and the loop's narrowing schedule reads the same charged clock; the default run (a lone
