@@ -40,7 +40,8 @@ from ..utils.fields import documented
 from .compat import AgileRLMetrics, with_turn_ids
 from .multiturn_rollout import (EpisodeAgent, EpisodeBatch, episode_batch, last_token_of_turn, pack_actions,
                                 unpack_actions)
-from .ppo_update import common_width, head_values, member_forward, ppo_update, value_adapter
+from .memory_plan import learn_path, member_chunks
+from .ppo_update import common_width, head_values, learn_grouped, member_forward, ppo_update, value_adapter
 
 GRANULARITIES = ("turn", "token", "auto")
 TURN_VALUE_REDUCTIONS = ("first", "last", "mean")
@@ -217,6 +218,24 @@ class LLMPPO(EpisodeAgent):
         ppo_update` with this one member."""
         experiences = with_turn_ids(experiences, turn_ids)  # AgileRL's learn((ids, masks, rewards), turn_ids=)
         return AgileRLMetrics(ppo_update([self], [experiences])[0])
+
+    @classmethod
+    def learn_population(cls, agents, experiences) -> list[dict[str, float]]:
+        """Update several members at once, each exactly as :meth:`learn` would: members whose update schedule
+        agrees share every forward and backward pass (:func:`~evollm.algorithms.ppo_update.learn_grouped`), in
+        the groups the memory plan allows (:func:`~evollm.algorithms.memory_plan.member_chunks`: a small
+        model's members fuse, a large one's learn one by one, so the peak memory does not grow with the
+        population). The metrics say which path ran (``learn_path``, ``learn_chunks``)."""
+        experiences = [with_turn_ids(e, None) for e in experiences]
+        batches = [episode_batch(e, a.pad_token_id) for a, e in zip(agents, experiences)]
+        rows = max(min(b.input_ids.shape[0], a.config.batch_size) for a, b in zip(agents, batches))
+        chunks = member_chunks(agents, rows, max(b.input_ids.shape[1] for b in batches))
+        out: dict[int, dict] = {}
+        for chunk in chunks:
+            out.update(zip(chunk, learn_grouped([agents[i] for i in chunk], [experiences[i] for i in chunk])))
+        path = learn_path(len(agents), len(chunks))
+        return [AgileRLMetrics({**out[i], "learn_path": path, "learn_chunks": float(len(chunks))})
+                for i in range(len(agents))]
 
     def clip_and_step_groups(self) -> tuple[float, float]:
         """Clip the actor's and the critic's gradients to ``max_grad_norm`` each, then one optimizer

@@ -38,7 +38,7 @@ from ..run.measure import member_tokens, with_costs
 from .compat import AGILERL_ONLY, agilerl_extras, pick_selection
 from .data_parallel import seed_sampling
 from .quarantine import healthy
-from .loop import closing_all, evolve, run_callbacks
+from .loop import closing_all, evolve, learn_all, run_callbacks
 from .settings import LoopSettings, loop_settings
 
 #: Evaluation seeds start here, far from the training seeds (``seed * 10**6 + step * episodes_per_step + i``).
@@ -135,7 +135,7 @@ def finetune_llm_multiturn(pop: Sequence, max_turns: int, env_factory: Callable[
         generated = time.perf_counter()
         experiences = [episodes_to_experiences(a, episodes[a.index], max_turns) for a in active]
         learnt = time.perf_counter()
-        metrics = {a.index: a.learn(e) for a, e in zip(active, experiences)}
+        metrics = dict(zip((a.index for a in active), learn_all(active, experiences)))  # fused where it can be
         return with_costs(metrics, member_tokens(active, [e[1] for e in experiences]), generated - started,
                           time.perf_counter() - learnt)
 

@@ -68,3 +68,41 @@ def test_members_fused_together_learn_as_each_alone():
     assert_same_update(together[0], alone[0], a, a2, atol=2e-4)
     assert_same_update(together[1], alone[1], b, b2, atol=2e-4)
     assert isinstance(a, LLMPPO)
+
+
+def _without_path(metrics: dict) -> dict:
+    return {k: v for k, v in metrics.items() if k not in ("learn_path", "learn_chunks")}
+
+
+@pytest.mark.parametrize("chunk, path", [(None, "fused"), (1, "member_by_member")])
+def test_a_population_learns_as_each_member_alone_on_the_path_the_memory_plan_picks(chunk, path):
+    """``LLMPPO.learn_population`` (what the training loops call for a population): a tiny model's members share
+    one pass; ``learn_chunk_members=1`` makes them learn one by one; either way each gets its own update."""
+    torch.manual_seed(0)
+    a = make_agent(**SETTINGS, learn_chunk_members=chunk)
+    b = a.clone()
+    b.set_hyperparameter("clip_coef", 0.05)
+    a2, b2 = a.clone(), b.clone()
+    together = LLMPPO.learn_population([a, b], [episodes(), episodes()])
+    alone = [a2.learn(episodes()), b2.learn(episodes())]
+    assert {m["learn_path"] for m in together} == {path}
+    assert together[0]["pg_loss"] == together[0]["policy_loss"]  # AgileRL's names, as learn gives
+    assert_same_update(_without_path(together[0]), alone[0], a, a2, atol=2e-4)
+    assert_same_update(_without_path(together[1]), alone[1], b, b2, atol=2e-4)
+
+
+def test_the_multiturn_loop_updates_a_population_together():
+    """finetune_llm_multiturn learns an LLMPPO population through its fused update (one routed pass for
+    the tiny model's members), not member by member."""
+    from evollm.training.multiturn import finetune_llm_multiturn
+    from test_ppo_reinforce import TOK, task_env_factory
+
+    torch.manual_seed(0)
+    pop = [make_agent(update_epochs=1, batch_size=8)]
+    pop.append(pop[0].clone(index=1))
+    agents, record = finetune_llm_multiturn(pop, max_turns=2, env_factory=task_env_factory("chain_calc", TOK),
+                                            max_steps=2,
+                                            evaluation_interval=2, episodes_per_step=4, eval_episodes=4,
+                                            verbose=False, seed=0)
+    metrics = record.metrics()
+    assert len(metrics) == 4 and set(metrics["learn_path"]) == {"fused"}

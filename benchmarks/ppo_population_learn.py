@@ -1,0 +1,62 @@
+"""CPU seconds of an LLMPPO population's training steps on the game (guess-the-number, the tiny multi-turn
+model), its members updated together (the fused update: one routed forward and backward per minibatch for
+all members) against one by one (``learn_chunk_members=1``). Each path runs ``--reps`` times, alternating,
+from the same founders.
+
+    python benchmarks/ppo_population_learn.py --members 8 --steps 6 --reps 2
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--config", default="benchmarks/hpo/configs/guess_number_ppo.yaml")
+    p.add_argument("--members", type=int, default=8)
+    p.add_argument("--steps", type=int, default=6)
+    p.add_argument("--reps", type=int, default=2)
+    p.add_argument("--out", default=None, help="a JSON of every timing")
+    args = p.parse_args()
+    torch.set_num_threads(1)
+    from benchmarks.hpo.arms import members_of, with_overrides
+    from benchmarks.hpo.task import load_task
+    from evollm.config import RunConfig
+
+    cfg = RunConfig.from_yaml(args.config, [])
+    task = load_task(cfg, 16)
+    paths = {"fused": "null", "member_by_member": "1"}
+    times: dict[str, list[float]] = {k: [] for k in paths}
+    for rep in range(args.reps):
+        for name in (list(paths) if rep % 2 == 0 else list(paths)[::-1]):
+            run_cfg = with_overrides(cfg, [f"algorithm.population_size={args.members}",
+                                           f"algorithm.hyperparameters.learn_chunk_members={paths[name]}"])
+            torch.manual_seed(0)
+            pop = members_of(run_cfg, task, None)
+            c0 = time.process_time()
+            agents, record = task.train(pop, 0, max_steps=args.steps, evaluation_interval=10**6)
+            times[name].append(time.process_time() - c0)
+            ran = set(record.metrics()["learn_path"])
+            assert ran == {name}, (name, ran)
+            for agent in agents:
+                agent.release()
+            print(f"{name}: {times[name][-1]:.2f} CPU-s for {args.steps} steps of {args.members} members", flush=True)
+    means = {k: statistics.mean(v) for k, v in times.items()}
+    print(f"fused / member by member: {means['fused'] / means['member_by_member']:.3f}")
+    if args.out:
+        Path(args.out).write_text(json.dumps({"config": args.config, "members": args.members, "steps": args.steps,
+                                              "cpu_s": times, "ratio": means["fused"] / means["member_by_member"]},
+                                             indent=1))
+
+
+if __name__ == "__main__":
+    main()
