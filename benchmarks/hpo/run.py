@@ -42,17 +42,39 @@ def worker(args) -> int:
 
     set_threads(1)
     cfg = RunConfig.from_yaml(args.config, args.set)
+    probe = speed_probe()
     t0, c0 = time.perf_counter(), time.process_time()
     task = load_task(cfg, args.report_size)
     if args.device != "cpu":  # the shared base on the GPU: every member's adapter follows it
         task.model.to(args.device)
-    setup = {"cpu_s": time.process_time() - c0, "wall_s": time.perf_counter() - t0, "git": _git_head()}
+    setup = {"cpu_s": time.process_time() - c0, "wall_s": time.perf_counter() - t0, "git": _git_head(),
+             "speed_probe_cpu_s": probe}
     for job in args.job:
         arm, rest = job.split("@", 1)
         seed, path = rest.split("=", 1)
         if not Path(path).exists():
             run_one(task, cfg, arm, int(seed), Path(path), setup, args)
     return 0
+
+
+def speed_probe(reps: int = 3) -> float:
+    """CPU seconds of a fixed small workload (a tiny MLP's forward and backward, 200 times, one thread; the best
+    of ``reps``): how fast this machine is right now. A step of the tiny tasks is bound by the same per-call
+    overhead, and on a shared machine it drifts (measured: the tiny task's default run made a mean of 305
+    steps in 40 CPU-s one morning and 345 that evening, on one machine), so compare arms run side by side in
+    one invocation, and check each run's ``setup.speed_probe_cpu_s`` when they were not."""
+    import torch
+    gen = torch.Generator().manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU(), torch.nn.Linear(128, 64))
+    x = torch.randn(32, 64, generator=gen)
+    best = float("inf")
+    for _ in range(reps):
+        c0 = time.process_time()
+        for _ in range(200):
+            net.zero_grad()
+            net(x).square().mean().backward()
+        best = min(best, time.process_time() - c0)
+    return best
 
 
 def start_run(task, cfg, seed: int, setup: dict):

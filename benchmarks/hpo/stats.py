@@ -155,7 +155,8 @@ def verdict(summary: dict) -> str:
 
 def per_run_table(runs: list[dict]) -> str:
     lines = ["| arm | seed | final held-out score ± se (report set) | CPU s | wall s | steps | trials "
-             "| report evaluations | best hyperparameters at the end |", "|---|---|---|---|---|---|---|---|---|"]
+             "| report evaluations | speed probe (CPU ms) | best hyperparameters at the end |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in sorted(runs, key=lambda r: (r["arm"], r["seed"])):
         last = r["checkpoints"][-1] if r["checkpoints"] else {}
         hp = r.get("recommended_hyperparameters") or {}
@@ -163,8 +164,15 @@ def per_run_table(runs: list[dict]) -> str:
         trials = len(r.get("trials", [])) or "-"
         lines.append(f"| {r['arm']} | {r['seed']} | {last.get('score', math.nan):.3f} ± {last.get('se', math.nan):.3f} "
                      f"| {r['cpu_s']:.0f} | {r['wall_s']:.0f} | {r.get('steps', '-')} | {trials} "
-                     f"| {r['report_evals']} | {hs} |")
+                     f"| {r['report_evals']} | {_probe_ms(r)} | {hs} |")
     return "\n".join(lines)
+
+
+def _probe_ms(run: dict) -> str:
+    """The machine's speed when the run's worker started (``run.speed_probe``), in CPU milliseconds; ``-`` for
+    runs made before the probe existed."""
+    probe = (run.get("setup") or {}).get("speed_probe_cpu_s")
+    return f"{1000 * probe:.0f}" if probe is not None else "-"
 
 
 def plot(runs: list[dict], checkpoints: int, budget: float, title: str, path: Path) -> None:

@@ -59,6 +59,8 @@ def test_every_arm_runs_once_per_seed_and_stops_at_its_budget(result):
     machine = doc["machine"]
     assert machine["cpus"] >= 1 and machine["torch_cpu_capability"] == torch.backends.cpu.get_cpu_capability()
     assert machine["versions"]["torch"] == torch.__version__ and "transformers" in machine["versions"]
+    # and how fast it was when each run's worker started (the speed of a shared machine drifts)
+    assert all(0.0 < run["setup"]["speed_probe_cpu_s"] < 60.0 for run in doc["runs"])
 
 
 def test_arms_differ_as_documented(result):
