@@ -101,8 +101,7 @@ def test_the_multiturn_loop_updates_a_population_together():
     pop = [make_agent(update_epochs=1, batch_size=8)]
     pop.append(pop[0].clone(index=1))
     agents, record = finetune_llm_multiturn(pop, max_turns=2, env_factory=task_env_factory("chain_calc", TOK),
-                                            max_steps=2,
-                                            evaluation_interval=2, episodes_per_step=4, eval_episodes=4,
-                                            verbose=False, seed=0)
+                                            max_steps=2, evaluation_interval=2, episodes_per_step=4,
+                                            eval_episodes=4, verbose=False, seed=0)
     metrics = record.metrics()
     assert len(metrics) == 4 and set(metrics["learn_path"]) == {"fused"}
