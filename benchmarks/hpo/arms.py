@@ -241,8 +241,8 @@ def budget_kwargs(cfg, clock: Clock) -> dict:
         names = set(inspect.signature(evolve).parameters)
     out = {}
     if "max_time_clock" in names:
-        charged = clock.charged.cost or getattr(clock, "wall_budget", False)
-        out.update(max_time=clock.budget, max_time_clock=clock.charged if charged else "cpu")
+        own_clock = clock.charged.cost is not None or clock.wall_budget
+        out.update(max_time=clock.budget, max_time_clock=clock.charged if own_clock else "cpu")
     if hasattr(builders, "build_narrowing"):
         out["narrowing"] = builders.build_narrowing(cfg)
     return {**out, **keep_best_kwargs(cfg)}
