@@ -169,6 +169,13 @@ class NarrowingSection(Section):
                                     "(0: the share `decline` alone).")
     rollback_lr: float = option(0.5, "Factor on the learning rates of a roll-back's copy (not below their search range).")
     max_rollbacks: int = option(2, "Roll-backs per run at most (0: none).")
+    on_tie: str = option("cut", "When several fractions of `at` are due at one ranking and the deepest cut would fall "
+                         "between equal scores: `cut` acts on all of them (the tie-break chooses); `one_rung` acts "
+                         "on one (8 -> 4, not 8 -> 1) and leaves the rest for the next ranking, so the members the "
+                         "tie-break kept are measured again first.", choices=("cut", "one_rung"))
+    tiebreak: str = option("default_first", "What orders equal scores at a cut: `default_first` (the default "
+                           "founder's lineage, then the mean training reward of the last 10 steps) or `reward` "
+                           "(the training rewards alone).", choices=("default_first", "reward"))
 
     def build(self):
         """The :class:`~evollm.hpo.narrowing.Narrowing`, or ``None`` when ``at`` is empty."""
@@ -179,7 +186,8 @@ class NarrowingSection(Section):
             return Narrowing(at=self.at, keep=self.keep, min_size=self.min_size, evaluate=self.evaluate,
                              incumbent=self.incumbent, revive=self.revive, patience=self.patience,
                              no_signal=self.no_signal, rollback=self.rollback, decline=self.decline,
-                             rollback_lr=self.rollback_lr, max_rollbacks=self.max_rollbacks, decline_se=self.decline_se)
+                             rollback_lr=self.rollback_lr, max_rollbacks=self.max_rollbacks, decline_se=self.decline_se,
+                             on_tie=self.on_tie, tiebreak=self.tiebreak)
         except ValueError as e:
             raise ConfigError(f"hpo.narrowing: {e}") from e
 

@@ -24,6 +24,10 @@ def narrowed_size(size: int, keep: float, min_size: int) -> int:
     return min(size, max(min_size, int(math.ceil(keep * size - 1e-9))))
 
 
+#: what a ranking does when its deepest due cut falls between equal scores (``Narrowing.on_tie``)
+ON_TIE = ("cut", "one_rung")
+#: what orders equal scores at a cut (``Narrowing.tiebreak``)
+TIEBREAKS = ("default_first", "reward")
 #: training steps whose rewards break a narrowing's ties (:func:`recent_reward`)
 TIE_WINDOW = 10
 #: evaluations without a new best after which a member whose steps carry no signal has stalled (:func:`stalled`)
@@ -178,6 +182,15 @@ class Narrowing:
         rollback_lr: factor on the learning rates of a roll-back's copy (default 0.5), not below the
             lower end of their search range.
         max_rollbacks: roll-backs per run at most (default 2).
+        on_tie: what a ranking does when several milestones are due at once and the deepest cut would fall
+            between equal scores (:meth:`tied_at_cut`: the measurement cannot tell the last member kept from
+            the first released). ``"cut"`` acts on every milestone due, the tie-break choosing;
+            ``"one_rung"`` acts on one (8 -> 4, not 8 -> 1) and leaves the others due at the next ranking,
+            so the members kept on the tie-break are measured again before the next cut. A cut that is not
+            tied, or one milestone due, is unaffected. Default ``"cut"``.
+        tiebreak: what orders equal scores at a cut: ``"default_first"`` (:func:`tie_rank`: the default
+            founder's lineage, then the recent training rewards) or ``"reward"`` (:func:`recent_reward`
+            alone). Default ``"default_first"``.
 
     A milestone is acted on at the first step that has a fresh ranking (an evaluation, or any step
     when the selection ranks on training rewards) at or after it. Several milestones crossed at once
@@ -189,7 +202,7 @@ class Narrowing:
                  evaluate: bool = False, incumbent: bool = False, revive: bool = True,
                  patience: int = STALL_PATIENCE, no_signal: float = STALL_NO_SIGNAL, rollback: bool = True,
                  decline: float = DECLINE, rollback_lr: float = ROLLBACK_LR, max_rollbacks: int = MAX_ROLLBACKS,
-                 decline_se: float = DECLINE_SE) -> None:
+                 decline_se: float = DECLINE_SE, on_tie: str = "cut", tiebreak: str = "default_first") -> None:
         at = [float(a) for a in at]
         if not at:
             raise ValueError("Narrowing.at must name at least one fraction of the budget")
@@ -211,6 +224,10 @@ class Narrowing:
             raise ValueError(f"Narrowing.rollback_lr must be a factor in (0, 1], got {rollback_lr!r}")
         if int(max_rollbacks) < 0:
             raise ValueError(f"Narrowing.max_rollbacks must be >= 0, got {max_rollbacks!r}")
+        if on_tie not in ON_TIE:
+            raise ValueError(f"Narrowing.on_tie must be one of {list(ON_TIE)}, got {on_tie!r}")
+        if tiebreak not in TIEBREAKS:
+            raise ValueError(f"Narrowing.tiebreak must be one of {list(TIEBREAKS)}, got {tiebreak!r}")
         self.at = tuple(at)
         self.keep = float(keep)
         self.min_size = int(min_size)
@@ -221,6 +238,7 @@ class Narrowing:
         self.no_signal = float(no_signal)
         self.rollback, self.decline, self.decline_se = bool(rollback), float(decline), float(decline_se)
         self.rollback_lr, self.max_rollbacks = float(rollback_lr), int(max_rollbacks)
+        self.on_tie, self.tiebreak = on_tie, tiebreak
         self.passed = 0  # milestones acted on
         self.elapsed_s = 0.0  # budget-clock seconds spent before this process started (resume)
 
@@ -243,14 +261,12 @@ class Narrowing:
 
     def narrow(self, population: Sequence[Any], score: Callable[[Any], float],
                milestones: int, tiebreak: Optional[Callable[[Any], float]] = None) -> tuple[list, list]:
-        """``(kept, dropped)`` after acting on ``milestones`` milestones: members ranked by ``score``
-        (higher is better; NaN last), equal scores by ``tiebreak`` (the training loop's: the default
-        founder's lineage first, then the recent training rewards; higher is better, NaN last), then by
-        the lower id; the best :meth:`target` kept in their original
-        order. Marks the milestones as passed."""
+        """``(kept, dropped)`` after acting on ``milestones`` milestones (one, with ``on_tie="one_rung"``,
+        when the deeper cut would fall between equal scores): members ranked by ``score`` (higher is
+        better; NaN last), equal scores by ``tiebreak`` (the training loop's: :meth:`tie_key`; higher is
+        better, NaN last), then by the lower id; the best :meth:`target` kept in their original order.
+        Marks the milestones acted on as passed."""
         population = list(population)
-        size = self.target(len(population), milestones)
-        self.passed = min(len(self.at), self.passed + milestones)
 
         def higher_first(value: float) -> float:
             value = float(value)
@@ -261,6 +277,12 @@ class Narrowing:
             return (higher_first(score(agent)), second, int(agent.index))
 
         ranked = sorted(population, key=key)
+        size = self.target(len(population), milestones)
+        if self.on_tie == "one_rung" and milestones > 1 and 0 < size < len(ranked) and self.tied_at_cut(
+                [score(a) for a in ranked[:size]], [score(a) for a in ranked[size:]]):
+            milestones = 1  # no evidence for the deeper cut: one rung now, the rest at the next ranking
+            size = self.target(len(population), 1)
+        self.passed = min(len(self.at), self.passed + milestones)
         chosen = ranked[:size]
         defaults = [a for a in population if getattr(a, "default_founder", False)]
         if self.incumbent and defaults:
@@ -269,6 +291,10 @@ class Narrowing:
             chosen = better if len(better) >= self.min_size else ranked[:max(self.min_size, 1)]
         best = {id(a) for a in chosen}
         return [a for a in population if id(a) in best], [a for a in population if id(a) not in best]
+
+    def tie_key(self) -> Callable[[Any], float]:
+        """The tie-break ``tiebreak`` names: :func:`tie_rank` or :func:`recent_reward`."""
+        return tie_rank if self.tiebreak == "default_first" else recent_reward
 
     @staticmethod
     def tied_at_cut(kept_scores: Sequence[float], dropped_scores: Sequence[float]) -> bool:
@@ -299,7 +325,7 @@ class Narrowing:
         return (f"Narrowing(at={list(self.at)}, keep={self.keep}, min_size={self.min_size}, evaluate={self.evaluate}, "
                 f"incumbent={self.incumbent}, revive={self.revive}, patience={self.patience}, no_signal={self.no_signal}, "
                 f"rollback={self.rollback}, decline={self.decline}, rollback_lr={self.rollback_lr}, "
-                f"max_rollbacks={self.max_rollbacks})")
+                f"max_rollbacks={self.max_rollbacks}, on_tie={self.on_tie!r}, tiebreak={self.tiebreak!r})")
 
     @property
     def finished(self) -> bool:

@@ -233,7 +233,7 @@ def narrow_population(agents: list, narrowing, step: int, max_steps: int, max_ti
     selection's score when there is a selection, else by their last fitness), keep the best, release
     the others (adapters and optimizer state freed on the shared base) and record them as dropped.
     Returns ``(agents, result)``; ``result`` is ``None`` when nothing was due."""
-    from evollm.hpo.narrowing import budget_fraction, tie_rank
+    from evollm.hpo.narrowing import budget_fraction
     from evollm.hpo.selection import SelectionResult
 
     fraction = dist.broadcast_object(budget_fraction(step, max_steps, narrowing.elapsed_s, max_time))
@@ -251,7 +251,9 @@ def narrow_population(agents: list, narrowing, step: int, max_steps: int, max_ti
     scores = {int(a.index): float(score(a)) for a in agents}
     protected = tournament.protected_ids(agents) if hasattr(tournament, "protected_ids") else []
     ranks = tournament.rank_scores(agents, scores, protected) if protected else scores
-    kept, dropped = narrowing.narrow(agents, lambda a: ranks[int(a.index)], due, tiebreak=tie_rank)
+    passed = narrowing.passed
+    kept, dropped = narrowing.narrow(agents, lambda a: ranks[int(a.index)], due, tiebreak=narrowing.tie_key())
+    waiting = due - (narrowing.passed - passed)  # milestones left due for the next ranking (on_tie: one_rung)
     if not dropped:  # already at the schedule's smallest size
         return agents, None
     if tournament is not None and hasattr(tournament, "resize"):
@@ -268,8 +270,11 @@ def narrow_population(agents: list, narrowing, step: int, max_steps: int, max_ti
         snr = record.selection_rows[-1]["snr"]
         hint = (" (below 1: the ranking was mostly noise; a later hpo.narrowing.at, a longer budget or more rows "
                 "per step would inform it)") if snr < 1 else ""
-        tie = ("; the cut fell between equal scores: the default founder's lineage first, then the recent "
-               "training rewards broke the tie" if tied else "")
+        breaker = ("the default founder's lineage first, then the recent training rewards"
+                   if narrowing.tiebreak == "default_first" else "the recent training rewards")
+        tie = f"; the cut fell between equal scores: {breaker} broke the tie" if tied else ""
+        if waiting:
+            tie += f"; {waiting} more milestone(s) wait for the next ranking (hpo.narrowing.on_tie: one_rung)"
         log(f"narrowing at step {step} ({fraction:.0%} of the budget): kept {[a.index for a in kept]}, "
             f"released {[a.index for a in dropped]}; ranking signal-to-noise {snr:.2f}{hint}{tie}")
     return list(kept), result

@@ -237,6 +237,44 @@ def test_equal_held_out_scores_keep_the_default_founder_then_the_best_recent_tra
     assert [a.index for a in kept] == [0, 1, 2, 5]
 
 
+def test_one_rung_on_a_tie_cuts_a_step_at_a_time_until_the_scores_differ():
+    """on_tie="one_rung": three milestones due at a ranking whose scores are all equal act on one (8 -> 4),
+    the other two stay due; a ranking that separates the members acts on every milestone due."""
+    pop = [Stub(i, scores=[0.1 * i]) for i in range(8)]
+    pop[0].default_founder = True
+    n = Narrowing(on_tie="one_rung")
+    kept, dropped = n.narrow(pop, lambda a: 0.25, n.due(0.3), tiebreak=n.tie_key())
+    assert [a.index for a in kept] == [0, 5, 6, 7] and n.passed == 1 and n.due(0.3) == 2
+    assert Narrowing.tied_at_cut([0.25] * 4, [0.25] * 4)
+    scores = {0: 0.25, 5: 0.31, 6: 0.25, 7: 0.28}  # measured again: 5 is ahead of everyone
+    kept2, _ = n.narrow(kept, lambda a: scores[a.index], n.due(0.4), tiebreak=n.tie_key())
+    assert [a.index for a in kept2] == [5] and n.finished  # no tie at the deepest cut: both milestones
+    plain = Narrowing()  # on_tie="cut": every milestone at once, the tie-break choosing
+    kept, _ = plain.narrow(pop, lambda a: 0.25, plain.due(0.3), tiebreak=plain.tie_key())
+    assert [a.index for a in kept] == [0] and plain.finished
+    one = Narrowing(at=(0.05,), on_tie="one_rung")  # a single milestone due: cut as usual
+    kept, _ = one.narrow(pop, lambda a: 0.25, 1, tiebreak=one.tie_key())
+    assert len(kept) == 4 and one.finished
+    # a tie below the deepest cut does not matter: 7 alone is ahead
+    n = Narrowing(on_tie="one_rung")
+    kept, _ = n.narrow(pop, lambda a: 0.5 if a.index == 7 else 0.25, 3, tiebreak=n.tie_key())
+    assert [a.index for a in kept] == [7] and n.finished
+
+
+def test_the_reward_tiebreak_ranks_equal_scores_on_training_rewards_alone():
+    pop = [Stub(i, scores=[0.1 * i]) for i in range(4)]
+    pop[0].default_founder = True
+    n = Narrowing(at=(0.5,), tiebreak="reward")
+    kept, _ = n.narrow(pop, lambda a: 0.25, 1, tiebreak=n.tie_key())
+    assert [a.index for a in kept] == [2, 3]  # the default founder's 0.0 is the lowest reward
+    d = Narrowing(at=(0.5,))
+    kept, _ = d.narrow(pop, lambda a: 0.25, 1, tiebreak=d.tie_key())
+    assert [a.index for a in kept] == [0, 3]
+    for kwargs, message in [({"on_tie": "wait"}, "on_tie must be one of"), ({"tiebreak": "id"}, "tiebreak must be one of")]:
+        with pytest.raises(ValueError, match=message):
+            Narrowing(**kwargs)
+
+
 def test_with_the_default_founder_as_incumbent_only_members_that_beat_it_keep_drawing_compute():
     """incumbent=True: of the best half, members outside the default founder's lineage stay only when they
     score strictly above it; with every score equal the population goes straight to that lineage."""

@@ -59,6 +59,21 @@ def test_a_narrowing_says_how_informed_its_ranking_was_and_when_its_cut_fell_bet
     assert record.selections().query("kind == 'selection'")["tied"].isna().all()  # tournaments: not told
 
 
+def test_a_tied_ranking_with_one_rung_on_ties_narrows_one_milestone_at_a_time(capsys):
+    """Every member of the untrained tiny model scores 0: with on_tie one_rung the three milestones due at the
+    first evaluation (step 2 of 6, a third of the budget) narrow 4 -> 2 there and 2 -> 1 at the next one, where
+    the log says what waited; with on_tie cut all of them act at once (4 -> 1)."""
+    _, record = _run(narrowing=Narrowing(at=(0.1, 0.2, 0.3), keep=0.5, on_tie="one_rung"), verbose=True)
+    rows = record.selections().query("kind == 'narrowing'")
+    assert [(int(r.step), int(r.size_before), int(r.size_after)) for r in rows.itertuples()] == [(2, 4, 2), (4, 2, 1)]
+    assert rows["tied"].all()
+    first = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("narrowing at step 2"))
+    assert "2 more milestone(s) wait for the next ranking" in first
+    _, record = _run(narrowing=Narrowing(at=(0.1, 0.2, 0.3), keep=0.5))
+    rows = record.selections().query("kind == 'narrowing'")
+    assert [(int(r.step), int(r.size_before), int(r.size_after)) for r in rows.itertuples()] == [(2, 4, 1)]
+
+
 def test_a_clock_of_the_callers_own_drives_the_budget_and_the_narrowing(capsys):
     """``max_time_clock`` may be a callable (e.g. a clock charging a cost model): here one second per step.
     With max_time 5 the run stops after step 5 of 100; the cut at 30 % comes at the first step past 1.5
