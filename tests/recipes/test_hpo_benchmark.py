@@ -131,6 +131,27 @@ def test_the_half_budget_target_is_judged_at_half_the_budget_or_said_not_measure
     assert "**yes**" in stats.verdict(stats.summarise(runs, 3)).splitlines()[1]
 
 
+def test_two_parts_directories_are_compared_seed_by_seed(tmp_path):
+    """benchmarks.hpo.paired: A − B per checkpoint over the seeds both directories hold, by hand."""
+    from benchmarks.hpo.paired import compare, load
+
+    for folder, arm, seed, scores in [("a", "evollm", 0, [0.3, 0.6]), ("a", "evollm", 1, [0.2, 0.4]),
+                                      ("a", "evollm", 2, [0.9, 0.9]), ("b", "evollm", 0, [0.3, 0.5]),
+                                      ("b", "evollm", 1, [0.2, 0.5]), ("b", "default", 0, [0.1, 0.1])]:
+        (tmp_path / folder).mkdir(exist_ok=True)
+        run = {**_run(arm, seed, scores), "steps": 10 + seed, "recommended_hyperparameters": {"lr": 1e-4}}
+        (tmp_path / folder / f"{arm}_seed{seed}.json").write_text(json.dumps(run))
+    _, a = load(str(tmp_path / "a"))
+    _, b = load(str(tmp_path / "b"))
+    assert sorted(a) == [0, 1, 2] and sorted(b) == [0, 1]  # evollm's runs only, by default
+    lines = compare(a, b, 2)
+    assert lines[0] == "seeds: [0, 1]"  # seed 2 is in A alone
+    assert lines[1] == "at 1/2 of the budget: A − B +0.000 ± 0.000 (A ahead 0, behind 0, of 2)"
+    assert lines[2] == "at 2/2 of the budget: A − B +0.000 ± 0.100 (A ahead 1, behind 1, of 2)"
+    _, d = load(f"{tmp_path / 'b'}:default")
+    assert compare(a, d, 2)[2].startswith("at 2/2 of the budget: A − B +0.500 (A ahead 1")
+
+
 def test_a_run_starts_from_the_same_random_state_whether_or_not_it_is_its_workers_first(tmp_path):
     """The first run of a worker also scores the base model (building an adapter draws from torch's
     generator): the run itself must not depend on it, or a seed's result depends on the job order."""

@@ -1,0 +1,63 @@
+"""Paired comparison of two arms kept in different parts directories: e.g. evollm with an evolution
+setting changed (``--evo-set``) against evollm as it is, run side by side into two parts directories.
+
+    python -m benchmarks.hpo.paired A_DIR[:ARM] B_DIR[:ARM] [--checkpoints 4]
+
+prints, over the seeds both hold, A − B at each report checkpoint (paired mean ± se, ahead / behind), the
+steps each made, and the hyperparameters A returned. ARM defaults to evollm.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from benchmarks.hpo.stats import curve, fmt_diff, mean_se
+
+
+def load(spec: str) -> tuple[str, dict[int, dict]]:
+    """``{seed: run}`` of one arm in a parts directory (``DIR`` or ``DIR:ARM``)."""
+    folder, _, arm = spec.partition(":")
+    arm = arm or "evollm"
+    runs = {}
+    for path in sorted(Path(folder).glob(f"{arm}_seed*.json")):
+        run = json.loads(path.read_text())
+        runs[int(run["seed"])] = run
+    return f"{folder}:{arm}", runs
+
+
+def compare(a: dict[int, dict], b: dict[int, dict], checkpoints: int) -> list[str]:
+    seeds = sorted(set(a) & set(b))
+    lines = [f"seeds: {seeds}"]
+    for k in range(checkpoints):
+        diffs = [curve(a[s], checkpoints)[k] - curve(b[s], checkpoints)[k] for s in seeds
+                 if curve(a[s], checkpoints)[k] is not None and curve(b[s], checkpoints)[k] is not None]
+        ahead, behind = sum(d > 1e-9 for d in diffs), sum(d < -1e-9 for d in diffs)
+        lines.append(f"at {k + 1}/{checkpoints} of the budget: A − B {fmt_diff(*mean_se(diffs))} "
+                     f"(A ahead {ahead}, behind {behind}, of {len(diffs)})")
+    finals = {s: (curve(a[s], checkpoints)[-1], curve(b[s], checkpoints)[-1]) for s in seeds}
+    lines.append("finals A / B: " + ", ".join(f"{s}: {x:.3f}/{y:.3f}" for s, (x, y) in finals.items()
+                                              if x is not None and y is not None))
+    lines.append("steps A / B: " + ", ".join(f"{a[s]['steps']}/{b[s]['steps']}" for s in seeds))
+    lines.append("A returned: " + "; ".join(
+        ", ".join(f"{k}={v:.2g}" for k, v in sorted((a[s].get("recommended_hyperparameters") or {}).items()))
+        for s in seeds))
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("a", help="parts directory of arm A (DIR or DIR:ARM)")
+    p.add_argument("b", help="parts directory of arm B (DIR or DIR:ARM)")
+    p.add_argument("--checkpoints", type=int, default=4, help="the runs' --checkpoints")
+    args = p.parse_args(argv)
+    name_a, a = load(args.a)
+    name_b, b = load(args.b)
+    print(f"A = {name_a} ({len(a)} runs), B = {name_b} ({len(b)} runs)")
+    print("\n".join(compare(a, b, args.checkpoints)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
