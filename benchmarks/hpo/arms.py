@@ -10,6 +10,8 @@
 * ``default`` -- one member at the library's defaults for the whole budget: what ``evollm train`` gives
   for the task's config, held-out evaluations every ``train.evaluation_interval`` steps included (the
   evollm arm pays for the same evaluations of each of its members).
+* ``evollm:NAME`` -- evollm with the overrides ``--variant NAME=KEY=VALUE`` names (an ablation run side by
+  side with the other arms).
 * ``grid:NAME=VALUE`` -- one member at a fixed learning rate (every learning rate of the space set to
   VALUE); the best point of the grid, chosen after the fact, is context, not a competitor.
 
@@ -376,6 +378,8 @@ def run_arm(arm: str, task, cfg, clock: Clock, args) -> tuple[dict, Recorder]:
         out = run_population(task, cfg, rec, mutate=True, evo_set=args.evo_set)
     elif arm == "no_mutation":
         out = run_population(task, cfg, rec, mutate=False, evo_set=args.evo_set)
+    elif arm.startswith("evollm:"):  # --variant NAME=KEY=VALUE: evollm with overrides of its own
+        out = run_population(task, cfg, rec, mutate=True, evo_set=list(args.evo_set) + args.variants[arm.split(":", 1)[1]])
     elif arm == "default":
         out = run_single(task, cfg, rec)
     elif arm in ("tpe", "random"):

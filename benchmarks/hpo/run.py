@@ -165,9 +165,24 @@ def _recommended(part: dict, last_eval: dict | None) -> dict:
 
 
 # --------------------------------------------------------------------------- driver
+def variants_of(specs: list[str]) -> dict[str, list[str]]:
+    """``--variant NAME=KEY=VALUE`` flags -> ``{NAME: [KEY=VALUE, ...]}`` in the order given.
+
+    >>> variants_of(["tie=hpo.narrowing.on_tie=one_rung", "tie=hpo.narrowing.tiebreak=reward", "n4=hpo.population_size=4"])
+    {'tie': ['hpo.narrowing.on_tie=one_rung', 'hpo.narrowing.tiebreak=reward'], 'n4': ['hpo.population_size=4']}
+    """
+    out: dict[str, list[str]] = {}
+    for spec in specs:
+        name, _, override = spec.partition("=")
+        if not name or not name.replace("_", "").isalnum() or "=" not in override:
+            raise ValueError(f"--variant {spec!r}: give NAME=KEY=VALUE, NAME of letters, digits and _")
+        out.setdefault(name, []).append(override)
+    return out
+
+
 def arms_of(args, cfg) -> list[str]:
     from .arms import grid_values
-    arms = list(args.arms)
+    arms = list(args.arms) + [f"evollm:{name}" for name in getattr(args, "variants", {})]
     if "grid" not in args.skip:
         values = args.grid_lr or (grid_values(cfg, args.grid_points) if args.grid_points else [])
         arms += [f"grid:lr={v:g}" for v in values]
@@ -292,6 +307,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--set", action="append", default=[], help="override a config value (as evollm train --set)")
     p.add_argument("--evo-set", action="append", default=[], help="override an evolution setting of the population "
                    "arms only (an ablation, e.g. hpo.selection.protect_default=0)")
+    p.add_argument("--variant", action="append", default=[], metavar="NAME=KEY=VALUE",
+                   help="an extra arm evollm:NAME, the evollm arm with the override KEY=VALUE added to its "
+                   "evolution settings (repeat with the same NAME for several overrides): ablations run side by "
+                   "side with the other arms, seed by seed, in one invocation")
     p.add_argument("--seeds", type=int, default=3, help="number of seeds (first_seed, first_seed+1, ...)")
     p.add_argument("--first-seed", type=int, default=0)
     p.add_argument("--budget-cpu-s", type=float, required=True, help="CPU seconds per arm and seed")
@@ -328,6 +347,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--job", action="append", default=[], help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     args.argv = argv
+    try:
+        args.variants = variants_of(args.variant)
+    except ValueError as e:
+        p.error(str(e))
     args.passthrough = ["--config", str(args.config), "--budget-cpu-s", str(args.budget_cpu_s),
                         "--checkpoints", str(args.checkpoints), "--trial-steps", str(args.trial_steps),
                         "--tpe-startup", str(args.tpe_startup)] + \
@@ -336,7 +359,8 @@ def main(argv: list[str] | None = None) -> int:
         (["--device", args.device] if args.device != "cpu" else []) + \
         (["--cost-model", args.cost_model] + (["--cost-file", args.cost_file] if args.cost_file else [])
          if args.cost_model != "cpu" else []) + \
-        [x for s in args.set for x in ("--set", s)] + [x for s in args.evo_set for x in ("--evo-set", s)]
+        [x for s in args.set for x in ("--set", s)] + [x for s in args.evo_set for x in ("--evo-set", s)] + \
+        [x for s in args.variant for x in ("--variant", s)]
     return worker(args) if args.worker else driver(args)
 
 

@@ -134,8 +134,8 @@ def verdict(summary: dict) -> str:
     arms = summary["arms"]
     if "evollm" not in arms:
         return "no evollm runs"
-    behind = [a for a, r in arms.items() if a not in ("evollm", "grid_best") and "evollm_minus_arm" in r
-              and not r["evollm_minus_arm"][0] >= 0]
+    behind = [a for a, r in arms.items() if a not in ("evollm", "grid_best") and not a.startswith("evollm:")
+              and "evollm_minus_arm" in r and not r["evollm_minus_arm"][0] >= 0]
     lines = ["- evollm's final score >= every other arm's (paired mean difference >= 0): "
              + ("**yes**" if not behind else "**no**, behind " + ", ".join(
                  f"{NAMES[a]} ({fmt_diff(*arms[a]['evollm_minus_arm'])})" for a in behind))]
@@ -147,6 +147,10 @@ def verdict(summary: dict) -> str:
         lines.append("- evollm reaches the default run's final score in at most half the default's compute "
                      f"(score at {half_label(summary)} of the budget − default's final, paired: {fmt_diff(*half)}): "
                      + answer)
+    for a in (a for a in arms if a.startswith("evollm:") and "evollm_minus_arm" in arms[a]):
+        m, se = arms[a]["evollm_minus_arm"]
+        lines.append(f"- variant {a} − evollm, final (paired): {fmt_diff(-m, se)}; its score at {half_label(summary)} of "
+                     f"the budget − default's final: {fmt_diff(*arms[a].get('half_minus_default_final', (math.nan, math.nan)))}")
     if "grid_best" in arms and "evollm_minus_arm" in arms["grid_best"]:
         lines.append(f"- context: evollm − the best grid point ({summary['grid_choice'].split(':', 1)[1]}): "
                      f"{fmt_diff(*arms['grid_best']['evollm_minus_arm'])}")
@@ -184,11 +188,11 @@ def plot(runs: list[dict], checkpoints: int, budget: float, title: str, path: Pa
     choice = arms.pop("_grid_choice", None)
     xs = [budget * (k + 1) / checkpoints for k in range(checkpoints)]
     fig, ax = plt.subplots(figsize=(8, 5))
-    for arm in [a for a in ORDER if a in arms]:
+    for arm in [a for a in ORDER if a in arms] + sorted(a for a in arms if a.startswith("evollm:")):
         stats = [mean_se([c[k] for c in arms[arm].values()]) for k in range(checkpoints)]
         m = [s[0] for s in stats]
         se = [0.0 if math.isnan(s[1]) else s[1] for s in stats]
-        label = NAMES[arm] + (f" [{choice.split(':', 1)[1]}]" if arm == "grid_best" and choice else "")
+        label = NAMES.get(arm, arm) + (f" [{choice.split(':', 1)[1]}]" if arm == "grid_best" and choice else "")
         style = dict(ls="--") if arm == "grid_best" else {}
         line, = ax.plot(xs, m, marker="o", ms=3, label=label, **style)
         ax.fill_between(xs, [a - b for a, b in zip(m, se)], [a + b for a, b in zip(m, se)], alpha=0.15,

@@ -34,6 +34,7 @@ def result(tmp_path_factory):
     rc = main(["--config", str(config), "--seeds", "1", "--budget-cpu-s", "0.6", "--checkpoints", "2",
                "--trial-steps", "2", "--grid-points", "1", "--report-size", "8", "--in-process",
                "--evo-set", "hpo.selection.window=5",  # an ablation of the population arms only
+               "--variant", "w3=hpo.selection.window=3",  # evollm with an override of its own, side by side
                "--out", str(out), "--parts-dir", str(tmp / "parts")])
     assert rc == 0
     return json.loads(out.with_suffix(".json").read_text()), out
@@ -70,6 +71,8 @@ def test_arms_differ_as_documented(result):
     assert evo["population_size"] == frozen["population_size"] > 1
     assert frozen["mutation"]["no_mutation"] == 1.0 and frozen["mutation"]["rl_hp"] == 0.0
     assert evo["selection"]["window"] == frozen["selection"]["window"] == 5  # --evo-set reached both
+    assert runs["evollm:w3"]["selection"]["window"] == 3  # the variant's own override, after --evo-set
+    assert runs["evollm:w3"]["mutation"] == evo["mutation"]
     assert evo["founders"][0] == runs["default"]["hyperparameters"]  # the default founder: the default run's values
     assert len({f["lr"] for f in evo["founders"]}) == evo["population_size"]  # founders spread over the space
     assert runs["default"]["fixed"] == {}
@@ -86,7 +89,7 @@ def test_arms_differ_as_documented(result):
 
 
 def test_summary_pairs_every_arm_with_evollm(result):
-    doc, _ = result
+    doc, out = result
     arms = doc["summary"]["arms"]
     assert set(arms) >= {"evollm", "no_mutation", "tpe", "random", "default", "grid_best"}
     for name, row in arms.items():
@@ -96,6 +99,15 @@ def test_summary_pairs_every_arm_with_evollm(result):
             ours = doc["runs"][[r["arm"] for r in doc["runs"]].index("evollm")]["checkpoints"][-1]["score"]
             assert math.isfinite(diff) and -1.0 <= diff <= 1.0 and math.isfinite(ours)
     assert doc["report_set_se"] >= 0.0  # the standard error of one report evaluation (0 when all scores agree)
+    md = Path(f"{out}.md").read_text()
+    assert "- variant evollm:w3 − evollm, final (paired)" in md and "| evollm:w3 | 1 |" in md
+
+
+def test_a_variant_is_named_once_per_override():
+    from benchmarks.hpo.run import main, variants_of
+    assert variants_of(["a=x.y=1", "b=x.z=[1, 2]", "a=x.w=q"]) == {"a": ["x.y=1", "x.w=q"], "b": ["x.z=[1, 2]"]}
+    with pytest.raises(SystemExit):
+        main(["--config", "x.yaml", "--budget-cpu-s", "1", "--variant", "no-override"])
 
 
 def test_the_lr_decay_experiment_by_hand():
