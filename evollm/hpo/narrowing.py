@@ -185,8 +185,9 @@ class Narrowing:
         on_tie: what a ranking does when several milestones are due at once and the deepest cut would fall
             between equal scores (:meth:`tied_at_cut`: the measurement cannot tell the last member kept from
             the first released). ``"cut"`` acts on every milestone due, the tie-break choosing;
-            ``"one_rung"`` acts on one (8 -> 4, not 8 -> 1) and leaves the others due at the next ranking,
-            so the members kept on the tie-break are measured again before the next cut. A cut that is not
+            ``"one_rung"`` acts on one (8 -> 4, not 8 -> 1) and leaves the others due at the next regular
+            ranking (with ``evaluate``, too: they do not bring an evaluation forward), so the members kept on
+            the tie-break are measured again before the next cut. A cut that is not
             tied, or one milestone due, is unaffected. Default ``"cut"``.
         tiebreak: what orders equal scores at a cut: ``"default_first"`` (:func:`tie_rank`: the default
             founder's lineage, then the recent training rewards) or ``"reward"`` (:func:`recent_reward`
@@ -240,6 +241,7 @@ class Narrowing:
         self.rollback_lr, self.max_rollbacks = float(rollback_lr), int(max_rollbacks)
         self.on_tie, self.tiebreak = on_tie, tiebreak
         self.passed = 0  # milestones acted on
+        self.deferred = False  # the last cut left milestones due for the next regular ranking (on_tie)
         self.elapsed_s = 0.0  # budget-clock seconds spent before this process started (resume)
 
     def due(self, fraction: float) -> int:
@@ -278,10 +280,12 @@ class Narrowing:
 
         ranked = sorted(population, key=key)
         size = self.target(len(population), milestones)
+        self.deferred = False
         if self.on_tie == "one_rung" and milestones > 1 and 0 < size < len(ranked) and self.tied_at_cut(
                 [score(a) for a in ranked[:size]], [score(a) for a in ranked[size:]]):
             milestones = 1  # no evidence for the deeper cut: one rung now, the rest at the next ranking
             size = self.target(len(population), 1)
+            self.deferred = True
         self.passed = min(len(self.at), self.passed + milestones)
         chosen = ranked[:size]
         defaults = [a for a in population if getattr(a, "default_founder", False)]
@@ -314,11 +318,12 @@ class Narrowing:
         return bool(kept and dropped) and min(kept) == max(dropped)
 
     def state_dict(self) -> dict:
-        """Milestones passed and budget seconds spent (JSON)."""
-        return {"passed": self.passed, "elapsed_s": self.elapsed_s}
+        """Milestones passed, budget seconds spent and whether the last cut deferred milestones (JSON)."""
+        return {"passed": self.passed, "elapsed_s": self.elapsed_s, "deferred": self.deferred}
 
     def load_state_dict(self, state: dict) -> None:
         self.passed = int(state["passed"])
+        self.deferred = bool(state.get("deferred", False))
         self.elapsed_s = float(state.get("elapsed_s", 0.0))
 
     def __repr__(self) -> str:

@@ -221,8 +221,8 @@ def _cut_due(narrowing, size: int, step: int, max_steps: int, elapsed: float, ma
     interval's evaluation is not repeated at its usual step, so the run evaluates as often as without)."""
     from evollm.hpo.narrowing import budget_fraction
 
-    if narrowing is None or not narrowing.evaluate or narrowing.passed >= len(narrowing.at):
-        return False
+    if narrowing is None or not narrowing.evaluate or narrowing.passed >= len(narrowing.at) or narrowing.deferred:
+        return False  # milestones a tied cut deferred (on_tie: one_rung) wait for the next regular evaluation
     due = narrowing.due(dist.broadcast_object(budget_fraction(step, max_steps, elapsed, max_time)))
     return due > 0 and narrowing.target(size, due) < size
 

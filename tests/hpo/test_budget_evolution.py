@@ -245,10 +245,15 @@ def test_one_rung_on_a_tie_cuts_a_step_at_a_time_until_the_scores_differ():
     n = Narrowing(on_tie="one_rung")
     kept, dropped = n.narrow(pop, lambda a: 0.25, n.due(0.3), tiebreak=n.tie_key())
     assert [a.index for a in kept] == [0, 5, 6, 7] and n.passed == 1 and n.due(0.3) == 2
+    assert n.deferred and n.state_dict()["deferred"]  # saved: a resumed run waits as the original would
+    resumed = Narrowing(on_tie="one_rung")
+    resumed.load_state_dict(n.state_dict())
+    assert resumed.deferred and resumed.passed == 1
     assert Narrowing.tied_at_cut([0.25] * 4, [0.25] * 4)
     scores = {0: 0.25, 5: 0.31, 6: 0.25, 7: 0.28}  # measured again: 5 is ahead of everyone
     kept2, _ = n.narrow(kept, lambda a: scores[a.index], n.due(0.4), tiebreak=n.tie_key())
     assert [a.index for a in kept2] == [5] and n.finished  # no tie at the deepest cut: both milestones
+    assert not n.deferred
     plain = Narrowing()  # on_tie="cut": every milestone at once, the tie-break choosing
     kept, _ = plain.narrow(pop, lambda a: 0.25, plain.due(0.3), tiebreak=plain.tie_key())
     assert [a.index for a in kept] == [0] and plain.finished

@@ -61,8 +61,8 @@ def test_a_narrowing_says_how_informed_its_ranking_was_and_when_its_cut_fell_bet
 
 def test_a_tied_ranking_with_one_rung_on_ties_narrows_one_milestone_at_a_time(capsys):
     """Every member of the untrained tiny model scores 0: with on_tie one_rung the three milestones due at the
-    first evaluation (step 2 of 6, a third of the budget) narrow 4 -> 2 there and 2 -> 1 at the next one, where
-    the log says what waited; with on_tie cut all of them act at once (4 -> 1)."""
+    first evaluation (step 2 of 6, a third of the budget) narrow 4 -> 2 there, and the log says what waits, and
+    2 -> 1 at the next one; with on_tie cut all of them act at once (4 -> 1)."""
     _, record = _run(narrowing=Narrowing(at=(0.1, 0.2, 0.3), keep=0.5, on_tie="one_rung"), verbose=True)
     rows = record.selections().query("kind == 'narrowing'")
     assert [(int(r.step), int(r.size_before), int(r.size_after)) for r in rows.itertuples()] == [(2, 4, 2), (4, 2, 1)]
@@ -72,6 +72,13 @@ def test_a_tied_ranking_with_one_rung_on_ties_narrows_one_milestone_at_a_time(ca
     _, record = _run(narrowing=Narrowing(at=(0.1, 0.2, 0.3), keep=0.5))
     rows = record.selections().query("kind == 'narrowing'")
     assert [(int(r.step), int(r.size_before), int(r.size_after)) for r in rows.itertuples()] == [(2, 4, 1)]
+    # with evaluate, the deferred milestone does not bring an evaluation forward (to step 2): it waits for the
+    # next regular one, at step 6 (step 1's evaluation, brought forward by the first cut, took step 3's place)
+    _, record = _run(narrowing=Narrowing(at=(0.05, 0.1), keep=0.5, on_tie="one_rung", evaluate=True), max_steps=9,
+                     evaluation_interval=3, evo_steps=3)
+    rows = record.selections().query("kind == 'narrowing'")
+    assert [(int(r.step), int(r.size_before), int(r.size_after)) for r in rows.itertuples()] == [(1, 4, 2), (6, 2, 1)]
+    assert sorted(set(record.report()["step"])) == [1, 6, 9]
 
 
 def test_a_clock_of_the_callers_own_drives_the_budget_and_the_narrowing(capsys):
