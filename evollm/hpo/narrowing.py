@@ -188,7 +188,7 @@ class Narrowing:
             ``"one_rung"`` acts on one (8 -> 4, not 8 -> 1) and leaves the others due at the next regular
             ranking (with ``evaluate``, too: they do not bring an evaluation forward), so the members kept on
             the tie-break are measured again before the next cut. A cut that is not
-            tied, or one milestone due, is unaffected. Default ``"cut"``.
+            tied, or one whose single rung goes as deep (2 -> 1 either way), is unaffected. Default ``"cut"``.
         tiebreak: what orders equal scores at a cut: ``"default_first"`` (:func:`tie_rank`: the default
             founder's lineage, then the recent training rewards) or ``"reward"`` (:func:`recent_reward`
             alone). Default ``"default_first"``.
@@ -281,7 +281,7 @@ class Narrowing:
         ranked = sorted(population, key=key)
         size = self.target(len(population), milestones)
         self.deferred = False
-        if self.on_tie == "one_rung" and milestones > 1 and 0 < size < len(ranked) and self.tied_at_cut(
+        if self.on_tie == "one_rung" and self.target(len(population), 1) > size > 0 and self.tied_at_cut(
                 [score(a) for a in ranked[:size]], [score(a) for a in ranked[size:]]):
             milestones = 1  # no evidence for the deeper cut: one rung now, the rest at the next ranking
             size = self.target(len(population), 1)

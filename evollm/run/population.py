@@ -122,10 +122,12 @@ class Population:
         self.members = list(result.population)
 
     def record_narrowing(self, result, step: int, fraction: float, stderr: dict[int, float] | None = None,
-                         source: str = "last", tied: bool | None = None) -> None:
+                         source: str = "last", tied: bool | None = None, deferred: int = 0) -> None:
         """A narrowing of the population (``result.dropped`` released for good, ``result.population``
-        kept as they are) at ``fraction`` of the budget; ``tied``: the cut fell between equal scores."""
-        self._selection_row("narrowing", result, step, stderr, source, budget_fraction=float(fraction), tied=tied)
+        kept as they are) at ``fraction`` of the budget; ``tied``: the cut fell between equal scores;
+        ``deferred``: milestones due that it left for the next evaluation (``hpo.narrowing.on_tie``)."""
+        self._selection_row("narrowing", result, step, stderr, source, budget_fraction=float(fraction), tied=tied,
+                            deferred=int(deferred))
         self.members = list(result.population)
 
     def record_revival(self, result, step: int, fraction: float, no_signal: float, reason: str = "stall") -> None:
@@ -225,8 +227,9 @@ class Population:
         beats noise: ``spread`` (standard deviation of the scores between members), ``stderr`` (root
         mean square of their standard errors) and
         ``snr = spread / stderr`` (below about 1 the ranking is mostly noise), ``budget_fraction``
-        and ``tied`` (narrowings: whether the cut fell between equal scores, so that the tie rule, the
-        lower id, chose which members went on)."""
+        and ``tied`` (narrowings: whether the cut fell between equal scores, so that the tie-break, not the
+        measurement, chose which members went on) and ``deferred`` (narrowings: milestones due that the cut
+        left for the next evaluation, ``hpo.narrowing.on_tie: one_rung``)."""
         return typed(pd.DataFrame(self.selection_rows), SELECTION_DTYPES)
 
     def lineage(self) -> pd.DataFrame:
@@ -327,7 +330,7 @@ SELECTION_DTYPES = {"step": "int64", "generation": "int64", "kind": "string", "s
                     "size_before": "int64", "size_after": "int64", "best": "Int64", "spread": "float64",
                     "stderr": "float64", "snr": "float64", "kept": "string", "dropped": "string",
                     "scores": "string", "protected": "string", "budget_fraction": "float64", "tied": "boolean",
-                    "no_signal": "float64", "reason": "string"}
+                    "deferred": "Int64", "no_signal": "float64", "reason": "string"}
 METRICS_DTYPES = {"step": "int64", "generation": "int64", "member": "int64", "gen_tokens": "Int64"}
 
 

@@ -263,7 +263,8 @@ def narrow_population(agents: list, narrowing, step: int, max_steps: int, max_ti
                              best_index=int(best.index), protected=protected)
     stderr = {int(a.index): _stderr(tournament, a, record) for a in agents}
     tied = narrowing.tied_at_cut([ranks[int(a.index)] for a in kept], [ranks[int(a.index)] for a in dropped])
-    record.record_narrowing(result, step, fraction, stderr, source=getattr(tournament, "fitness", "last"), tied=tied)
+    record.record_narrowing(result, step, fraction, stderr, source=getattr(tournament, "fitness", "last"), tied=tied,
+                            deferred=waiting)
     for agent in park_runner_up(dropped, lambda a: ranks[int(a.index)], narrowing, len(kept), tournament, record):
         agent.release()
     if log is not None:

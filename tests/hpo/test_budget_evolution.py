@@ -260,6 +260,10 @@ def test_one_rung_on_a_tie_cuts_a_step_at_a_time_until_the_scores_differ():
     one = Narrowing(at=(0.05,), on_tie="one_rung")  # a single milestone due: cut as usual
     kept, _ = one.narrow(pop, lambda a: 0.25, 1, tiebreak=one.tie_key())
     assert len(kept) == 4 and one.finished
+    two = Narrowing(on_tie="one_rung")  # two members, two milestones due: one rung goes as deep (2 -> 1)
+    two.passed = 1
+    kept, _ = two.narrow(pop[:2], lambda a: 0.25, 2, tiebreak=two.tie_key())
+    assert len(kept) == 1 and two.finished and not two.deferred
     # a tie below the deepest cut does not matter: 7 alone is ahead
     n = Narrowing(on_tie="one_rung")
     kept, _ = n.narrow(pop, lambda a: 0.5 if a.index == 7 else 0.25, 3, tiebreak=n.tie_key())
