@@ -310,5 +310,10 @@ def test_default_narrowing_applies_to_evolving_populations_only():
         load({**EVO, **eight}, ["hpo.narrowing.decline_se=-1"])
     off = build_narrowing(load({**EVO, **eight}, ["hpo.narrowing.rollback=false", "hpo.narrowing.max_rollbacks=1"]))
     assert not off.rollback and off.max_rollbacks == 1
+    assert (narrowing.on_tie, narrowing.tiebreak) == ("cut", "default_first")
+    tie = build_narrowing(load({**EVO, **eight}, ["hpo.narrowing.on_tie=one_rung", "hpo.narrowing.tiebreak=reward"]))
+    assert (tie.on_tie, tie.tiebreak) == ("one_rung", "reward")
+    with pytest.raises(ConfigError, match=r"hpo.narrowing.on_tie='wait' is not valid; .*\['cut', 'one_rung'\]"):
+        load({**EVO, **eight}, ["hpo.narrowing.on_tie=wait"])
     with pytest.raises(ConfigError, match=r"^hpo.narrowing: Narrowing.decline must be a share in \(0, 1\), got 1.5$"):
         load({**EVO, **eight}, ["hpo.narrowing.decline=1.5"])
