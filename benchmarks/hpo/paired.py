@@ -29,16 +29,16 @@ def load(spec: str) -> tuple[str, dict[int, dict]]:
 
 def compare(a: dict[int, dict], b: dict[int, dict], checkpoints: int) -> list[str]:
     seeds = sorted(set(a) & set(b))
+    ca = {s: curve(a[s], checkpoints) for s in seeds}
+    cb = {s: curve(b[s], checkpoints) for s in seeds}
     lines = [f"seeds: {seeds}"]
     for k in range(checkpoints):
-        diffs = [curve(a[s], checkpoints)[k] - curve(b[s], checkpoints)[k] for s in seeds
-                 if curve(a[s], checkpoints)[k] is not None and curve(b[s], checkpoints)[k] is not None]
+        diffs = [ca[s][k] - cb[s][k] for s in seeds if ca[s][k] is not None and cb[s][k] is not None]
         ahead, behind = sum(d > 1e-9 for d in diffs), sum(d < -1e-9 for d in diffs)
         lines.append(f"at {k + 1}/{checkpoints} of the budget: A − B {fmt_diff(*mean_se(diffs))} "
                      f"(A ahead {ahead}, behind {behind}, of {len(diffs)})")
-    finals = {s: (curve(a[s], checkpoints)[-1], curve(b[s], checkpoints)[-1]) for s in seeds}
-    lines.append("finals A / B: " + ", ".join(f"{s}: {x:.3f}/{y:.3f}" for s, (x, y) in finals.items()
-                                              if x is not None and y is not None))
+    lines.append("finals A / B: " + ", ".join(f"{s}: {ca[s][-1]:.3f}/{cb[s][-1]:.3f}" for s in seeds
+                                              if ca[s][-1] is not None and cb[s][-1] is not None))
     lines.append("steps A / B: " + ", ".join(f"{a[s]['steps']}/{b[s]['steps']}" for s in seeds))
     lines.append("A returned: " + "; ".join(
         ", ".join(f"{k}={v:.2g}" for k, v in sorted((a[s].get("recommended_hyperparameters") or {}).items()))

@@ -241,7 +241,7 @@ class Narrowing:
         self.rollback_lr, self.max_rollbacks = float(rollback_lr), int(max_rollbacks)
         self.on_tie, self.tiebreak = on_tie, tiebreak
         self.passed = 0  # milestones acted on
-        self.deferred = False  # the last cut left milestones due for the next regular ranking (on_tie)
+        self.deferred = 0  # milestones due that the last cut left for the next regular ranking (on_tie)
         self.elapsed_s = 0.0  # budget-clock seconds spent before this process started (resume)
 
     def due(self, fraction: float) -> int:
@@ -280,12 +280,11 @@ class Narrowing:
 
         ranked = sorted(population, key=key)
         size = self.target(len(population), milestones)
-        self.deferred = False
+        self.deferred = 0
         if self.on_tie == "one_rung" and self.target(len(population), 1) > size > 0 and self.tied_at_cut(
                 [score(a) for a in ranked[:size]], [score(a) for a in ranked[size:]]):
-            milestones = 1  # no evidence for the deeper cut: one rung now, the rest at the next ranking
-            size = self.target(len(population), 1)
-            self.deferred = True
+            self.deferred = milestones - 1  # no evidence for the deeper cut: one rung now, the rest at the next ranking
+            milestones, size = 1, self.target(len(population), 1)
         self.passed = min(len(self.at), self.passed + milestones)
         chosen = ranked[:size]
         defaults = [a for a in population if getattr(a, "default_founder", False)]
@@ -318,12 +317,12 @@ class Narrowing:
         return bool(kept and dropped) and min(kept) == max(dropped)
 
     def state_dict(self) -> dict:
-        """Milestones passed, budget seconds spent and whether the last cut deferred milestones (JSON)."""
+        """Milestones passed, budget seconds spent and the milestones the last cut deferred (JSON)."""
         return {"passed": self.passed, "elapsed_s": self.elapsed_s, "deferred": self.deferred}
 
     def load_state_dict(self, state: dict) -> None:
         self.passed = int(state["passed"])
-        self.deferred = bool(state.get("deferred", False))
+        self.deferred = int(state.get("deferred", 0))
         self.elapsed_s = float(state.get("elapsed_s", 0.0))
 
     def __repr__(self) -> str:

@@ -251,9 +251,7 @@ def narrow_population(agents: list, narrowing, step: int, max_steps: int, max_ti
     scores = {int(a.index): float(score(a)) for a in agents}
     protected = tournament.protected_ids(agents) if hasattr(tournament, "protected_ids") else []
     ranks = tournament.rank_scores(agents, scores, protected) if protected else scores
-    passed = narrowing.passed
     kept, dropped = narrowing.narrow(agents, lambda a: ranks[int(a.index)], due, tiebreak=narrowing.tie_key())
-    waiting = due - (narrowing.passed - passed)  # milestones left due for the next ranking (on_tie: one_rung)
     if not dropped:  # already at the schedule's smallest size
         return agents, None
     if tournament is not None and hasattr(tournament, "resize"):
@@ -264,7 +262,7 @@ def narrow_population(agents: list, narrowing, step: int, max_steps: int, max_ti
     stderr = {int(a.index): _stderr(tournament, a, record) for a in agents}
     tied = narrowing.tied_at_cut([ranks[int(a.index)] for a in kept], [ranks[int(a.index)] for a in dropped])
     record.record_narrowing(result, step, fraction, stderr, source=getattr(tournament, "fitness", "last"), tied=tied,
-                            deferred=waiting)
+                            deferred=narrowing.deferred)
     for agent in park_runner_up(dropped, lambda a: ranks[int(a.index)], narrowing, len(kept), tournament, record):
         agent.release()
     if log is not None:
@@ -274,8 +272,8 @@ def narrow_population(agents: list, narrowing, step: int, max_steps: int, max_ti
         breaker = ("the default founder's lineage first, then the recent training rewards"
                    if narrowing.tiebreak == "default_first" else "the recent training rewards")
         tie = f"; the cut fell between equal scores: {breaker} broke the tie" if tied else ""
-        if waiting:
-            tie += f"; {waiting} more milestone(s) wait for the next ranking (hpo.narrowing.on_tie: one_rung)"
+        if narrowing.deferred:
+            tie += f"; {narrowing.deferred} more milestone(s) wait for the next ranking (hpo.narrowing.on_tie: one_rung)"
         log(f"narrowing at step {step} ({fraction:.0%} of the budget): kept {[a.index for a in kept]}, "
             f"released {[a.index for a in dropped]}; ranking signal-to-noise {snr:.2f}{hint}{tie}")
     return list(kept), result
