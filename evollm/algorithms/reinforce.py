@@ -12,6 +12,10 @@ Read top to bottom in :meth:`LLMREINFORCE.learn`:
 3. policy-gradient loss ``-A * log pi`` (token mean).  With ``update_epochs > 1`` (or several
    minibatches) the PPO clipped surrogate keeps later passes close to the sampling policy;
    ``beta`` adds the k3 KL to the reference (the base with adapters disabled).
+
+The update itself is :func:`evollm.algorithms.reinforce_update.reinforce_update`: one member
+(:meth:`LLMREINFORCE.learn`) or a population sharing every forward and backward pass
+(:meth:`LLMREINFORCE.learn_population`, what the training loops call).
 """
 
 from __future__ import annotations
@@ -21,17 +25,14 @@ from dataclasses import dataclass
 import torch
 
 from .. import functional as F
-from ..rollout import first_target, loss_forward
 from .base import AgentConfig, LLMAgent
 from ..utils.fields import documented
 from .compat import with_turn_ids
-from .updates import mean_metrics, optimizer_only_update, record, run_epochs, zero_gradient
-from .multiturn_rollout import (EpisodeAgent, EpisodeBatch, episode_batch, last_token_of_turn, pack_actions,
+from .reinforce_update import learn_grouped, reinforce_update
+from .multiturn_rollout import (EpisodeAgent, EpisodeBatch, last_token_of_turn, pack_actions,
                                 unpack_actions)
 
 GRANULARITIES = ("turn", "token", "auto")
-#: the per-minibatch metrics of an update (``kl``: k3 to the reference; ``approx_kl``: to the sampling policy)
-METRICS = ("loss", "kl", "approx_kl", "clip_fraction", "entropy", "grad_norm", "shared_prompt")
 
 
 @dataclass
@@ -84,51 +85,18 @@ class LLMREINFORCE(EpisodeAgent):
 
     def learn(self, experiences, turn_ids=None) -> dict[str, float]:
         """One update from ``(ids, action_masks, turn_ids, rewards[B, K])`` or ``(completion_ids,
-        action_masks, rewards)``. Returns mean metrics (``mean_reward`` is the mean episode return)."""
+        action_masks, rewards)``. Returns mean metrics (``mean_reward`` is the mean episode return). The
+        update is :func:`~evollm.algorithms.reinforce_update.reinforce_update` with this one member."""
         experiences = with_turn_ids(experiences, turn_ids)  # AgileRL's learn((ids, masks, rewards), turn_ids=)
-        c = self.config
-        batch = episode_batch(experiences, self.pad_token_id)
-        dev = self.device
-        ids, attn, mask = batch.input_ids.to(dev), batch.attention_mask.to(dev), batch.action_mask.to(dev)
-        advantages = self.normalised_returns(batch).to(dev)
-        n = ids.shape[0]
-        if zero_gradient(self, advantages, n):  # every return equal: no signal, only the optimizer steps
-            return self._optimizer_only_metrics(batch, n)
-        needs_old = c.update_epochs > 1 or c.batch_size < n
-        first = first_target(mask)  # the loss reads no column before the first action token
-        old_logp = self.get_logprobs(ids, attn, start=first) if needs_old else None
-        ref_logp = self.get_logprobs(ids, attn, use_reference=True, start=first) if c.beta > 0 else None
-        params = self.shared.parameters(self.adapter_name("actor"))
+        return reinforce_update([self], [experiences])[0]
 
-        low, high = c.clip_range()
-
-        def step(members, rows, stats) -> None:
-            rows, st = rows[0].to(dev), stats[0]
-            info: dict = {}
-            logp, entropy = self._policy_forward(model, ids[rows], attn[rows], mask[rows], info=info)
-            # with old == current (first pass) the clipped surrogate's gradient is exactly -A * grad log pi
-            loss, s = F.policy_loss_with_stats(
-                logp, old_logp[rows] if old_logp is not None else logp.detach(), advantages[rows], mask[rows],
-                loss_type="dapo", clip_low=low, clip_high=high,
-                ref_logp=ref_logp[rows] if ref_logp is not None else None, beta=c.beta)
-            record(st, grad_norm=self.optimizer_step(loss, params), loss=loss.detach(), kl=s["kl"],
-                   approx_kl=s["approx_kl"], clip_fraction=s["clip_fraction"],
-                   entropy=F.masked_mean(entropy, mask[rows]), shared_prompt=info["shared_prompt"])
-
-        with loss_forward(self.shared, self.adapter_name("actor"), True, c.disable_dropout) as model:
-            stats = run_epochs([self], n, step, [{k: [] for k in METRICS}])[0]
-        self.steps += 1
-        return self._metrics(mean_metrics(stats), batch)
-
-    def _optimizer_only_metrics(self, batch, n: int) -> dict[str, float]:
-        """The update of a batch whose advantages are all zero, without its forwards and backward
-        (:func:`~evollm.algorithms.updates.optimizer_only_update`); entropy and ``approx_kl`` not measured."""
-        optimizer_only_update(self, self.shared.parameters(self.adapter_name("actor")), n)
-        self.steps += 1
-        nan = float("nan")
-        return self._metrics({"loss": 0.0, "kl": 0.0, "approx_kl": nan, "clip_fraction": 0.0, "entropy": nan,
-                              "grad_norm": 0.0, "epochs": float(self.config.update_epochs),
-                              "learn_path": "no_gradient"}, batch)
+    @classmethod
+    def learn_population(cls, agents, experiences) -> list[dict[str, float]]:
+        """Update several members at once, each exactly as :meth:`learn` would: members whose update schedule
+        agrees share every forward and backward pass (one routed batch over the shared base), in the groups
+        the memory plan allows (:func:`~evollm.algorithms.memory_plan.member_chunks`). The metrics say which
+        path ran (``learn_path``, ``learn_chunks``)."""
+        return learn_grouped(agents, [with_turn_ids(e, None) for e in experiences])
 
     @staticmethod
     def _metrics(metrics: dict, batch) -> dict[str, float]:

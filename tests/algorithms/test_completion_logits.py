@@ -125,7 +125,7 @@ def test_grpo_learn_equals_full_logits(tiny, arithmetic_env, monkeypatch):
 
 
 def test_reinforce_old_and_reference_from_the_first_action(monkeypatch):
-    import evollm.algorithms.reinforce as reinforce
+    import evollm.algorithms.reinforce_update as reinforce
     from test_ppo_reinforce import LLMREINFORCE, episodes, make_agent
 
     batch = episodes()

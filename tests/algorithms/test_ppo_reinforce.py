@@ -113,15 +113,15 @@ def test_reinforce_rebn_turn_returns():
 def test_reinforce_batch_of_equal_returns_skips_the_forwards_and_equals_the_full_update(monkeypatch):
     """Equal returns everywhere: ReBN's advantages are all zero, so the update only steps the optimizer
     (no policy forward), and the adapter and AdamW state end exactly where the full update leaves them."""
-    from evollm.algorithms import updates
+    from evollm.algorithms import reinforce_update, updates
 
     agent = make_agent(LLMREINFORCE, gamma=1.0, lr=1e-2, update_epochs=2, batch_size=2)
     agent.learn(episodes())  # momentum from an informative batch
     twin = agent.clone()
     flat = episodes(turns=((0.0, 1.0), (1.0,), (0.0, 1.0), (1.0,)))  # every turn's return-to-go is 1
     calls = []
-    original = LLMREINFORCE._policy_forward
-    monkeypatch.setattr(LLMREINFORCE, "_policy_forward", lambda *a, **k: calls.append(1) or original(*a, **k))
+    original = reinforce_update.member_logprobs
+    monkeypatch.setattr(reinforce_update, "member_logprobs", lambda *a, **k: calls.append(1) or original(*a, **k))
     skipped = agent.learn(flat)
     assert calls == [] and skipped["grad_norm"] == 0.0 and skipped["loss"] == 0.0 and skipped["mean_return"] == 1.0
     monkeypatch.setattr(updates, "SKIP_ZERO_GRADIENT", False)
