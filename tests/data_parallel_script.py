@@ -5,6 +5,8 @@ Part 2: two learn steps of a fresh population on a FIXED global batch (each proc
 Part 3: ``evollm train`` on a multi-turn game with LLMPPO members, shortened, with selection.
 Part 4: ``evollm train`` on a team task (IPPO teams), shortened, with selection.
 Part 5: actor-critic members (tests/zero_script.py ``ppo_scenario``) on the fixed global batch.
+Part 6: advantages normalised over the global batch: ``ppo_scenario`` with whitened advantages, and two
+LLMREINFORCE members (``reinforce_scenario``, ReBN), on the fixed global batch.
 Every process saves its members' adapters to OUT/<part>-rank<r>.safetensors.
 """
 
@@ -61,7 +63,7 @@ def train_cli(runner: str, config: str, out: Path, cache_dir: str, *settings: st
 
 def main(out: Path, cache_dir: str):
     from evollm.parallel import distributed as dist
-    from zero_script import member_tensors, ppo_scenario
+    from zero_script import member_tensors, ppo_scenario, reinforce_scenario
 
     dist.init()
     rank = dist.process_index()
@@ -109,6 +111,11 @@ def main(out: Path, cache_dir: str):
     members, norms = ppo_scenario(dist.shard)
     save_file(member_tensors(members), str(out / f"ppo-rank{rank}.safetensors"))
     (out / f"ppo-rank{rank}.json").write_text(json.dumps(norms))
+
+    # Part 6: advantages whitened / ReBN-normalised over the global batch, each process its half of the rows
+    members, _ = ppo_scenario(dist.shard, adv_whitening=True)
+    save_file(member_tensors(members), str(out / f"ppo-whitened-rank{rank}.safetensors"))
+    save_members(reinforce_scenario(dist.shard), out / f"reinforce-rank{rank}.safetensors")
     dist.barrier()
 
 if __name__ == "__main__":

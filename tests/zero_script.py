@@ -52,11 +52,12 @@ def scenario(shard=lambda rows: rows):
     return pop, tok, norms
 
 
-def ppo_scenario(shard=lambda rows: rows):
+def ppo_scenario(shard=lambda rows: rows, adv_whitening=False):
     """Actor-critic members: an LLMPPO member (critic adapter; its own learn) and two IPPO agents with
     the value head on the actor (the fused update), two steps on the fixed global batch; clones of the
     LLMPPO member and of an IPPO agent (their full optimizer states loaded into new engines) take the
     second step too.
+    ``adv_whitening``: whiten the advantages (over the global batch, also when each process holds a share).
     Returns the members and each step's (actor, critic) grad norms."""
     from data_parallel_script import fixed_batch
     from evollm.algorithms.ippo import IPPOAgent
@@ -66,7 +67,7 @@ def ppo_scenario(shard=lambda rows: rows):
     model, tok = load_tiny_model(warm_start=False, seed=0)
     torch.manual_seed(0)
     common = dict(pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, batch_size=64, update_epochs=2,
-                  adv_whitening=False, lr=1e-2)
+                  adv_whitening=adv_whitening, lr=1e-2)
     ppo = LLMPPO(model, lr_critic=3e-3, max_grad_norm=1e-3, **common)
     ippo = [IPPOAgent(model, use_separate_critic=False, lr_critic=5e-3, **common) for _ in range(2)]
     seqs, masks, rewards = fixed_batch(tok)
@@ -78,6 +79,27 @@ def ppo_scenario(shard=lambda rows: rows):
         norms.append([[m["grad_norm_actor"], m["grad_norm_critic"]] for m in stats])
         clones = clones or [ppo.clone(), ippo[0].clone()]  # full optimizer states loaded into new engines
     return [ppo, *ippo, *clones], norms
+
+
+def reinforce_scenario(shard=lambda rows: rows):
+    """Two LLMREINFORCE members (the fused population update; ReBN z-scores over the global batch), two
+    steps on the fixed global batch. Returns the members."""
+    from data_parallel_script import fixed_batch
+    from evollm.algorithms.reinforce import LLMREINFORCE
+    from evollm.recipes.warm_start import load_tiny_model
+
+    model, tok = load_tiny_model(warm_start=False, seed=0)
+    torch.manual_seed(0)
+    pop = [LLMREINFORCE(model, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, batch_size=64, lr=1e-2)]
+    pop.append(pop[0].clone())
+    pop[1].set_hyperparameter("lr", 3e-3)
+    seqs, masks, rewards = fixed_batch(tok)
+    mine = shard(list(range(seqs.shape[0])))
+    exp = (seqs[mine].reshape(-1, seqs.shape[2]), masks[mine].reshape(-1, masks.shape[2]), rewards[mine])
+    for _ in range(2):
+        metrics = LLMREINFORCE.learn_population(pop, [exp, exp])
+        assert {m["learn_path"] for m in metrics} == {"fused"}, metrics
+    return pop
 
 
 def member_tensors(pop) -> dict:

@@ -34,7 +34,7 @@ import torch
 
 from .. import functional as F
 from evollm.parallel import zero
-from evollm.parallel.distributed import all_reduce_gradients
+from evollm.parallel.distributed import all_reduce_gradients, batch_reduce
 from .base import AgentConfig
 from ..utils.fields import documented
 from .compat import AgileRLMetrics, with_turn_ids
@@ -188,7 +188,7 @@ class LLMPPO(EpisodeAgent):
         else:
             adv, ret = F.gae(batch.rewards, old_values, value_mask, c.gamma, c.gae_lambda, last_values=bootstrap)
         if c.adv_whitening:
-            adv = F.masked_whiten(adv, value_mask)
+            adv = F.masked_whiten(adv, value_mask, reduce=batch_reduce())  # over every process's share
         token_adv = adv if token_level else F.broadcast_turn_values(adv, batch.turn_ids)
         return token_adv * batch.action_mask, ret, adv
 

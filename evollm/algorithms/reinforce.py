@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from .. import functional as F
+from evollm.parallel.distributed import batch_reduce
 from .base import AgentConfig, LLMAgent
 from ..utils.fields import documented
 from .compat import with_turn_ids
@@ -79,8 +80,8 @@ class LLMREINFORCE(EpisodeAgent):
             last = last_token_of_turn(batch.turn_ids, batch.num_turns)
             token_rewards = torch.where(last, F.broadcast_turn_values(batch.rewards, batch.turn_ids), 0.0)
             r, m, index = pack_actions(token_rewards, batch.action_mask)
-            return unpack_actions(F.rebn(r, m, c.gamma), m, index, batch.action_mask.shape[1])
-        returns = F.rebn(batch.rewards, batch.turn_mask(), c.gamma)
+            return unpack_actions(F.rebn(r, m, c.gamma, reduce=batch_reduce()), m, index, batch.action_mask.shape[1])
+        returns = F.rebn(batch.rewards, batch.turn_mask(), c.gamma, reduce=batch_reduce())  # over every process's share
         return F.broadcast_turn_values(returns, batch.turn_ids) * batch.action_mask
 
     def learn(self, experiences, turn_ids=None) -> dict[str, float]:

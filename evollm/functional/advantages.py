@@ -7,7 +7,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from .masked import _valid, masked_whiten
+from .masked import Reduce, _masked_std, _valid, masked_whiten
 
 
 #: Valid values of ``scale`` for :func:`group_advantages`.
@@ -17,7 +17,8 @@ ADVANTAGE_SCALES: Tuple[str, ...] = ("group", "batch", "none")
 # --------------------------------------------------------------------------- #
 # Advantages
 # --------------------------------------------------------------------------- #
-def group_advantages(rewards: Tensor, group_size: int, scale: str = "group", eps: float = 1e-4) -> Tensor:
+def group_advantages(rewards: Tensor, group_size: int, scale: str = "group", eps: float = 1e-4,
+                     reduce: Optional[Reduce] = None) -> Tensor:
     """Group-relative advantages (GRPO-style).
 
     Args:
@@ -30,6 +31,9 @@ def group_advantages(rewards: Tensor, group_size: int, scale: str = "group", eps
             (``torch.std`` default); a std over a single element (``G == 1``,
             or a batch of one) is defined as 0 instead of NaN.
         eps: added to the std.
+        reduce: with ``scale="batch"``, the batch is split over processes (``rewards`` is this
+            process's share) and ``std_batch`` is that of the whole batch (see
+            :func:`~evollm.functional.masked.masked_whiten`).
 
     Returns:
         ``[B*G]`` float advantages.
@@ -53,7 +57,7 @@ def group_advantages(rewards: Tensor, group_size: int, scale: str = "group", eps
         std = grouped.std(dim=1, keepdim=True) if group_size > 1 else torch.zeros_like(mean)
         std = std.expand_as(grouped).reshape(-1)
     else:
-        std = r.std() if n > 1 else torch.zeros((), dtype=r.dtype, device=r.device)
+        std = _masked_std(r, torch.ones_like(r, dtype=torch.bool), reduce)[1]
     return centred / (std + eps)
 
 
@@ -143,18 +147,20 @@ def _discounted_returns(rewards: Tensor, valid: Tensor, gamma: float) -> Tensor:
     return torch.stack(cols[::-1], dim=1)
 
 
-def rebn(rewards: Tensor, mask: Tensor, gamma: float, eps: float = 1e-8) -> Tensor:
+def rebn(rewards: Tensor, mask: Tensor, gamma: float, eps: float = 1e-8, reduce: Optional[Reduce] = None) -> Tensor:
     """REINFORCE with batch-normalised returns.
 
     Computes ``G_t = r_t + gamma * G_{t+1}`` within each row's played positions
     (``rewards``/``mask`` ``[B, T]``), then z-scores over all valid
     (sample, position) cells of the batch: ``(G - mean) / (std + eps)`` with
     the unbiased std (0 when there is a single valid cell).  Returns
-    ``[B, T]``, 0 where the mask is 0.
+    ``[B, T]``, 0 where the mask is 0. With ``reduce`` (see
+    :func:`~evollm.functional.masked.masked_whiten`) the batch is split over
+    processes and the z-score is over all of it.
     """
     valid = _valid(mask)
     r = rewards if rewards.is_floating_point() else rewards.float()
-    return masked_whiten(_discounted_returns(r, valid, gamma), valid, eps=eps)
+    return masked_whiten(_discounted_returns(r, valid, gamma), valid, eps=eps, reduce=reduce)
 
 
 def truncation_bootstrap(token_values: Tensor, action_mask: Tensor, truncated: Optional[Tensor]) -> Tensor:

@@ -132,6 +132,13 @@ def all_reduce_sum(values) -> torch.Tensor:
     return _reduce(values, dist.ReduceOp.SUM)
 
 
+def batch_reduce():
+    """The ``reduce`` of the whitening functions (:data:`evollm.functional.masked.Reduce`): in a
+    multi-process run each process holds a share of the batch, and advantages are normalised with the
+    statistics of all of it, as in one process; None in one process."""
+    return all_reduce_sum if is_distributed() else None
+
+
 def all_reduce_mean(values) -> torch.Tensor:
     """Elementwise mean over processes (float64); a NaN anywhere stays NaN (so a non-finite loss on
     one process quarantines the member on all)."""

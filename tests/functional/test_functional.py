@@ -319,3 +319,55 @@ def test_turn_values_from_tokens():
     close(F.turn_values_from_tokens(tok, TURN_IDS, 3, reduce="mean"), [[2, 6, 0], [5, 0, 0]])
     with pytest.raises(ValueError):
         F.turn_values_from_tokens(tok, TURN_IDS, 3, reduce="max")
+
+
+# --------------------------------------------------------------------------- #
+# statistics over a batch split between processes (``reduce``)
+# --------------------------------------------------------------------------- #
+def on_two_shares(fn, share_a: tuple, share_b: tuple):
+    """``fn(*share, reduce=...)`` on two shares of a batch at once (two threads standing for two processes),
+    with a ``reduce`` that sums its argument over both, as an all-reduce does."""
+    import threading
+
+    barrier, slots, out = threading.Barrier(2), [None, None], [None, None]
+
+    def reduce_for(i):
+        def reduce(t):
+            slots[i] = t.clone()
+            barrier.wait()
+            total = slots[0] + slots[1]
+            barrier.wait()  # both have read the slots before either writes the next statistic
+            return total
+        return reduce
+
+    def run(i, share):
+        out[i] = fn(*share, reduce=reduce_for(i))
+
+    threads = [threading.Thread(target=run, args=(i, s)) for i, s in enumerate((share_a, share_b))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return out
+
+
+def test_masked_whiten_over_two_shares_uses_the_whole_batch():
+    # the batch [1, 2, 3, (100 masked)]: mean 2, unbiased std 1; share A [1, 2], share B [3, (100)]
+    a, b = on_two_shares(F.masked_whiten, (torch.tensor([1.0, 2.0]), torch.tensor([1, 1])),
+                         (torch.tensor([3.0, 100.0]), torch.tensor([1, 0])))
+    close(a, [-1.0, 0.0])
+    close(b, [1.0, 0.0])
+    close(F.masked_whiten(torch.tensor([1.0, 2.0]), torch.tensor([1, 1])), [-0.707107, 0.707107])  # alone: its own
+
+
+def test_rebn_over_two_shares_equals_rebn_of_the_whole_batch():
+    r = torch.tensor([[1.0, 0.0, 2.0], [0.0, 4.0, 99.0]])
+    a, b = on_two_shares(lambda r, m, reduce: F.rebn(r, m, 0.5, reduce=reduce), (r[:1], GAE_M[:1]), (r[1:], GAE_M[1:]))
+    close(torch.cat([a, b]), [[-0.526235, -0.964764, -0.087706], [-0.087706, 1.666410, 0.0]])  # test_rebn_ragged's
+
+
+def test_group_advantages_batch_scale_over_two_shares():
+    a, b = on_two_shares(lambda r, reduce: F.group_advantages(r, 4, scale="batch", reduce=reduce),
+                         (REWARDS[:4],), (REWARDS[4:],))
+    x = 1.079890  # test_group_advantages_batch_scale's: the std of all 8 rewards
+    close(torch.cat([a, b]), [x, -x, -x, x, 0, 0, 0, 0])
