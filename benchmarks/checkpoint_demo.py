@@ -74,7 +74,7 @@ def main() -> None:
         result[f"{k}_cpu_s_median"] = statistics.median(y for _, y in v)
     Path("benchmarks/results").mkdir(parents=True, exist_ok=True)
     Path("benchmarks/results/checkpoint_demo.json").write_text(json.dumps(result, indent=1))
-    print(f"| members | checkpoint | per member | files | save wall / CPU | verify wall / CPU | restore wall / CPU |")
+    print("| members | checkpoint | per member | files | save wall / CPU | verify wall / CPU | restore wall / CPU |")
     print("|---|---|---|---|---|---|---|")
     print(f"| {len(agents)} | {size / 2**20:.2f} MiB | {per_member / 2**20:.2f} MiB | {len(files)} | "
           + " | ".join(f"{result[f'{k}_wall_s_median']:.3f} s / {result[f'{k}_cpu_s_median']:.3f} s"

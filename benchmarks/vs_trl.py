@@ -273,8 +273,8 @@ def main(argv=None) -> dict:
         result[f"{key}_vs_trl_rest_cpu"] = statistics.median(rest)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1))
-    print(f"| arm | CPU s/step | wall s/step | CPU ratio vs TRL (median of pairs) | wall ratio | "
-          f"generation CPU ratio | rest CPU ratio |")
+    print("| arm | CPU s/step | wall s/step | CPU ratio vs TRL (median of pairs) | wall ratio | "
+          "generation CPU ratio | rest CPU ratio |")
     print("|---|---|---|---|---|---|---|")
     print(f"| TRL GRPOTrainer, 1 agent | {result['step']['trl']['cpu_s']:.4f} | "
           f"{result['step']['trl']['wall_s']:.4f} | 1 | 1 | 1 | 1 |")

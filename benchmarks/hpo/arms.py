@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any
 
 #: what the harness adds to the evollm arm only where the library's run config leaves the value unset
 #: (the same for every task: population size and a selection interval when train.evo_steps is null)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import warnings
 import weakref
 from typing import Iterator
 

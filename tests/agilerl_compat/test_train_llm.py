@@ -11,10 +11,8 @@ and ``test_report_metrics_called_on_non_main_process``, the deprecation of ``agi
 ``MultiFrequencySelection``), and the mocked wall clock of ``..._stops_at_wall_clock_limit``.
 """
 
-import warnings
 
 import pytest
-import torch
 from datasets import Dataset as HFDataset
 
 from evollm import (GRPO, LLMPPO, Mutations, ReasoningGym, TokenObservationWrapper, TournamentSelection,

@@ -3,7 +3,6 @@ a diverging member, and the CLI's one-line errors (bad-input corpus, CLI part)."
 
 import json
 import math
-import shutil
 
 import pytest
 import torch
@@ -213,7 +212,7 @@ def _cli_case(tmp_path, name):
         "resume not a run": (["resume", str(_nonempty(tmp_path))], "is not an evollm run directory"),
         "resume other --set": (["resume", str(_run_dir(tmp_path)), "--set", "seed=3"],
                                "seed cannot change when resuming (it would make another run); resume can change train.max_steps"),
-        "resume no checkpoint": (["resume", str(_run_dir(tmp_path)), "--set", f"train.max_steps=3"],
+        "resume no checkpoint": (["resume", str(_run_dir(tmp_path)), "--set", "train.max_steps=3"],
                                  "no valid checkpoint in"),
     }
     return cases[name]
