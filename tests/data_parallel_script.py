@@ -5,8 +5,9 @@ Part 2: two learn steps of a fresh population on a FIXED global batch (each proc
 Part 3: ``evollm train`` on a multi-turn game with LLMPPO members, shortened, with selection.
 Part 4: ``evollm train`` on a team task (IPPO teams), shortened, with selection.
 Part 5: actor-critic members (tests/zero_script.py ``ppo_scenario``) on the fixed global batch.
-Part 6: advantages normalised over the global batch: ``ppo_scenario`` with whitened advantages, and two
-LLMREINFORCE members (``reinforce_scenario``, ReBN), on the fixed global batch.
+Part 6: advantages normalised and token means taken over the global batch, on a fixed global batch of
+completions of different lengths: ``ppo_scenario`` with whitened advantages, two LLMREINFORCE members
+(``reinforce_scenario``, ReBN) and two GRPO members with the token-mean loss (``grpo_scenario``, dapo).
 Every process saves its members' adapters to OUT/<part>-rank<r>.safetensors.
 """
 
@@ -24,8 +25,10 @@ def save_members(agents, path):
     save_file(tensors, str(path), metadata=meta)
 
 
-def fixed_batch(tok, n_prompts=4, group=4, width=6, seed=0):
-    """A deterministic global batch: prompts + made-up completions + rewards (stacked per prompt)."""
+def fixed_batch(tok, n_prompts=4, group=4, width=6, seed=0, ragged=False):
+    """A deterministic global batch: prompts + made-up completions + rewards (stacked per prompt);
+    ``ragged``: completions of 1 to ``width`` tokens (the rest masked out), so the processes' shares hold
+    different numbers of tokens."""
     g = torch.Generator().manual_seed(seed)
     prompts = torch.randint(6, len(tok), (n_prompts, 5), generator=g)
     completions = torch.randint(6, len(tok), (n_prompts, group, width), generator=g)
@@ -33,6 +36,9 @@ def fixed_batch(tok, n_prompts=4, group=4, width=6, seed=0):
     masks = torch.zeros(n_prompts, group, seqs.shape[2] - 1, dtype=torch.long)
     masks[:, :, 4:] = 1
     rewards = torch.rand(n_prompts, group, generator=g).round()
+    if ragged:
+        lengths = torch.randint(1, width + 1, (n_prompts, group), generator=g)
+        masks = masks * (torch.arange(masks.shape[2]) < 4 + lengths[..., None]).long()
     return seqs, masks, rewards
 
 
@@ -63,7 +69,7 @@ def train_cli(runner: str, config: str, out: Path, cache_dir: str, *settings: st
 
 def main(out: Path, cache_dir: str):
     from evollm.parallel import distributed as dist
-    from zero_script import member_tensors, ppo_scenario, reinforce_scenario
+    from zero_script import grpo_scenario, member_tensors, ppo_scenario, reinforce_scenario
 
     dist.init()
     rank = dist.process_index()
@@ -113,9 +119,10 @@ def main(out: Path, cache_dir: str):
     (out / f"ppo-rank{rank}.json").write_text(json.dumps(norms))
 
     # Part 6: advantages whitened / ReBN-normalised over the global batch, each process its half of the rows
-    members, _ = ppo_scenario(dist.shard, adv_whitening=True)
+    members, _ = ppo_scenario(dist.shard, adv_whitening=True, ragged=True)
     save_file(member_tensors(members), str(out / f"ppo-whitened-rank{rank}.safetensors"))
     save_members(reinforce_scenario(dist.shard), out / f"reinforce-rank{rank}.safetensors")
+    save_members(grpo_scenario(dist.shard), out / f"grpo-dapo-rank{rank}.safetensors")
     dist.barrier()
 
 if __name__ == "__main__":

@@ -52,12 +52,13 @@ def scenario(shard=lambda rows: rows):
     return pop, tok, norms
 
 
-def ppo_scenario(shard=lambda rows: rows, adv_whitening=False):
+def ppo_scenario(shard=lambda rows: rows, adv_whitening=False, ragged=False):
     """Actor-critic members: an LLMPPO member (critic adapter; its own learn) and two IPPO agents with
     the value head on the actor (the fused update), two steps on the fixed global batch; clones of the
     LLMPPO member and of an IPPO agent (their full optimizer states loaded into new engines) take the
     second step too.
-    ``adv_whitening``: whiten the advantages (over the global batch, also when each process holds a share).
+    ``adv_whitening``: whiten the advantages (over the global batch, also when each process holds a share);
+    ``ragged``: completions of different lengths (token means over the global batch).
     Returns the members and each step's (actor, critic) grad norms."""
     from data_parallel_script import fixed_batch
     from evollm.algorithms.ippo import IPPOAgent
@@ -70,7 +71,7 @@ def ppo_scenario(shard=lambda rows: rows, adv_whitening=False):
                   adv_whitening=adv_whitening, lr=1e-2)
     ppo = LLMPPO(model, lr_critic=3e-3, max_grad_norm=1e-3, **common)
     ippo = [IPPOAgent(model, use_separate_critic=False, lr_critic=5e-3, **common) for _ in range(2)]
-    seqs, masks, rewards = fixed_batch(tok)
+    seqs, masks, rewards = fixed_batch(tok, ragged=ragged)
     mine = shard(list(range(seqs.shape[0])))
     exp = (seqs[mine].reshape(-1, seqs.shape[2]), masks[mine].reshape(-1, masks.shape[2]), rewards[mine].reshape(-1))
     norms, clones = [], []
@@ -82,8 +83,8 @@ def ppo_scenario(shard=lambda rows: rows, adv_whitening=False):
 
 
 def reinforce_scenario(shard=lambda rows: rows):
-    """Two LLMREINFORCE members (the fused population update; ReBN z-scores over the global batch), two
-    steps on the fixed global batch. Returns the members."""
+    """Two LLMREINFORCE members (the fused population update; ReBN z-scores and token means over the global
+    batch), two steps on the fixed global batch of completions of different lengths. Returns the members."""
     from data_parallel_script import fixed_batch
     from evollm.algorithms.reinforce import LLMREINFORCE
     from evollm.recipes.warm_start import load_tiny_model
@@ -93,12 +94,32 @@ def reinforce_scenario(shard=lambda rows: rows):
     pop = [LLMREINFORCE(model, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, batch_size=64, lr=1e-2)]
     pop.append(pop[0].clone())
     pop[1].set_hyperparameter("lr", 3e-3)
-    seqs, masks, rewards = fixed_batch(tok)
+    seqs, masks, rewards = fixed_batch(tok, ragged=True)
     mine = shard(list(range(seqs.shape[0])))
     exp = (seqs[mine].reshape(-1, seqs.shape[2]), masks[mine].reshape(-1, masks.shape[2]), rewards[mine])
     for _ in range(2):
         metrics = LLMREINFORCE.learn_population(pop, [exp, exp])
         assert {m["learn_path"] for m in metrics} == {"fused"}, metrics
+    return pop
+
+
+def grpo_scenario(shard=lambda rows: rows):
+    """Two GRPO members with the token-mean loss (``loss_type="dapo"``), two steps on the fixed global batch
+    of completions of different lengths. Returns the members."""
+    from conftest import make_grpo
+    from data_parallel_script import fixed_batch
+    from evollm.recipes.warm_start import load_tiny_model
+    from evollm.training.loop import learn_all
+
+    model, tok = load_tiny_model(warm_start=False, seed=0)
+    torch.manual_seed(0)
+    pop = make_grpo(model, tok, n=2, lr=1e-2, batch_size=64, loss_type="dapo")
+    pop[1].set_hyperparameter("lr", 3e-3)
+    seqs, masks, rewards = fixed_batch(tok, ragged=True)
+    mine = shard(list(range(seqs.shape[0])))
+    exp = (seqs[mine].reshape(-1, seqs.shape[2]), masks[mine].reshape(-1, masks.shape[2]), rewards[mine])
+    for _ in range(2):
+        learn_all(pop, [exp, exp])
     return pop
 
 

@@ -15,6 +15,7 @@ import torch
 
 from .. import functional as F
 from evollm.parallel import zero
+from evollm.parallel import distributed as dist
 from evollm.parallel.distributed import batch_reduce
 from .acting import Acting, ActionResult  # noqa: F401 - ActionResult: what get_action returns
 from .base import AgentConfig, LLMAgent
@@ -303,6 +304,9 @@ def grpo_update(agents: Sequence[GRPO], experiences: Sequence) -> list[dict[str,
 
     def step(members: list[int], rows: list[torch.Tensor], stats) -> None:
         row_of = dict(zip(members, rows))
+        # several processes: token means over the whole minibatch (one all-reduce of every member's counts)
+        counts = dist.token_divisors([batches[i].mask[row_of[i]] for i in members])
+        count_of = dict(zip(members, counts)) if counts else {}
         for ch in chunks:  # each member's forward reads only its own adapter: step a group before the next
             ch = [i for i in ch if i in row_of]
             if not ch:
@@ -310,7 +314,7 @@ def grpo_update(agents: Sequence[GRPO], experiences: Sequence) -> list[dict[str,
             for i in ch:
                 agents[i].optimizer.zero_grad(set_to_none=True)
             _learn_chunk([agents[i] for i in ch], [batches[i] for i in ch], [row_of[i] for i in ch],
-                         [stats[i] for i in ch])
+                         [stats[i] for i in ch], [count_of.get(i) for i in ch])
             for i in ch:  # clip_and_step frees the gradients: one group's are alive at a time
                 record(stats[i], grad_norm=agents[i].clip_and_step(params[i]))
 
@@ -329,17 +333,18 @@ def grpo_update(agents: Sequence[GRPO], experiences: Sequence) -> list[dict[str,
     return out
 
 
-def _learn_chunk(agents, batches, rows, stats) -> None:
+def _learn_chunk(agents, batches, rows, stats, counts) -> None:
     """One fused forward + backward over a group of members' minibatch rows (gradients accumulate;
-    each member's loss reaches only its own adapter)."""
+    each member's loss reaches only its own adapter); ``counts``: each member's token-mean divisor (None:
+    its own rows' count)."""
     info: dict = {}
     logp, entropy = _joint_logprobs(agents, torch.cat([b.seqs[r] for b, r in zip(batches, rows)]),
                                     torch.cat([b.attn[r] for b, r in zip(batches, rows)]), len(rows[0]), True,
                                     start=min(first_target(b.mask[r]) for b, r in zip(batches, rows)),
                                     with_entropy=True, info=info)
     total = 0.0
-    for a, b, r, lp, ent, st in zip(agents, batches, rows, logp.split(len(rows[0])), entropy.split(len(rows[0])),
-                                    stats):
+    for a, b, r, lp, ent, st, count in zip(agents, batches, rows, logp.split(len(rows[0])),
+                                           entropy.split(len(rows[0])), stats, counts):
         c, m = a.config, b.mask[r].to(lp.device)
         old = b.old[r] if b.old is not None else lp.detach()
         weights = None
@@ -351,7 +356,7 @@ def _learn_chunk(agents, batches, rows, stats) -> None:
         loss, s = F.policy_loss_with_stats(
             lp, old, b.advantages[r].to(lp.device), m, loss_type=c.loss_type, clip_low=low, clip_high=high,
             ref_logp=b.ref[r] if b.ref is not None else None, beta=c.beta, max_completion_length=c.max_output_tokens,
-            is_weights=weights)
+            is_weights=weights, token_count=count)
         total = total + zero.track(a.optimizer, loss)  # under DeepSpeed ZeRO: through the member's engine
         # shared_prompt 1: the group's prompt ran once (0: plain forward)
         record(st, loss=loss.detach(), kl=s["kl"], approx_kl=s["approx_kl"], clip_fraction=s["clip_fraction"],

@@ -27,7 +27,7 @@ from typing import Sequence
 import torch
 
 from .. import functional as F
-from evollm.parallel import zero
+from evollm.parallel import distributed as dist, zero
 from ..adapters.routing import ROUTED, batch_path, routed
 from ..adapters.shared import checkpointing
 from ..rollout import action_start, first_target, forward_logits, member_logprobs
@@ -183,6 +183,9 @@ def ppo_update(agents: Sequence, experiences: Sequence) -> list[dict[str, float]
         ids, attn = torch.cat([s.input_ids for s in subs]), torch.cat([s.attention_mask for s in subs])
         first = min(action_start(s.action_mask) for s in subs)  # the losses read no earlier column
         k = len(rows[0])
+        # several processes: token means over the whole minibatch (one all-reduce of every member's counts)
+        counts = dist.token_divisors([s.action_mask for s in subs] + [m.vmask[r] for m, r in zip(ms, rows)])
+        act, val = (counts[:len(ms)], counts[len(ms):]) if counts else ([None] * len(ms), [None] * len(ms))
         for m in ms:
             m.agent.optimizer.zero_grad(set_to_none=True)
         # actors (and value heads on them): one forward, one backward; a separate critic's forward runs after
@@ -193,9 +196,9 @@ def ppo_update(agents: Sequence, experiences: Sequence) -> list[dict[str, float]
             total = 0.0
             for j, (m, r, sub) in enumerate(zip(ms, rows, subs)):
                 record(m.stats, shared_prompt=info["shared_prompt"])
-                loss = _policy_loss(m, r, sub, logits[j * k:(j + 1) * k], first)
+                loss = _policy_loss(m, r, sub, logits[j * k:(j + 1) * k], first, act[j])
                 if not separate:  # the value head on the actor: its loss reaches both groups
-                    loss = loss + _value_loss(m, r, sub, hidden[j * k:(j + 1) * k])
+                    loss = loss + _value_loss(m, r, sub, hidden[j * k:(j + 1) * k], val[j])
                 # under DeepSpeed ZeRO: through the engines of the groups the loss reaches
                 total = total + zero.track(m.agent.optimizer, loss, "actor" if separate else None)
             del logits, hidden
@@ -203,7 +206,8 @@ def ppo_update(agents: Sequence, experiences: Sequence) -> list[dict[str, float]
         if separate:
             with member_forward([m.agent for m in ms], [critics[i] for i in active], True) as forward:
                 hidden = forward(ids, attn, True, first, logits=False)[1]
-                total = sum(zero.track(m.agent.optimizer, _value_loss(m, r, sub, hidden[j * k:(j + 1) * k]), "critic")
+                total = sum(zero.track(m.agent.optimizer, _value_loss(m, r, sub, hidden[j * k:(j + 1) * k], val[j]),
+                                       "critic")
                             for j, (m, r, sub) in enumerate(zip(ms, rows, subs)))
                 del hidden
                 total.backward()
@@ -271,30 +275,34 @@ def _logprobs(agent, logits: torch.Tensor, ids: torch.Tensor, first: int) -> tor
     return torch.nn.functional.pad(F.token_logprobs(_scaled(agent, logits), ids[:, first + 1:]), (first, 0))
 
 
-def _policy_loss(m: _Member, rows: torch.Tensor, sub: EpisodeBatch, logits: torch.Tensor, first: int) -> torch.Tensor:
+def _policy_loss(m: _Member, rows: torch.Tensor, sub: EpisodeBatch, logits: torch.Tensor, first: int,
+                 count: float | None = None) -> torch.Tensor:
     """Clipped policy loss (+ ``beta`` * KL) - ``ent_coef`` * entropy of one member's minibatch (``logits`` of
-    the columns from ``first`` on)."""
+    the columns from ``first`` on); token means divided by ``count`` when given (several processes)."""
     a, c = m.agent, m.agent.config
     logits = _scaled(a, logits)
     logp = torch.nn.functional.pad(F.token_logprobs(logits, sub.input_ids[:, first + 1:]), (first, 0))
     with torch.set_grad_enabled(c.ent_coef != 0):
-        entropy = F.masked_mean(F.entropy_from_logits(logits), sub.action_mask[:, first:])
+        token_entropy, mask = F.entropy_from_logits(logits), sub.action_mask[:, first:]
+        entropy = (F.masked_mean(token_entropy, mask) if count is None
+                   else F.masked_sum(token_entropy, mask) / max(count, 1.0))
     low, high = c.clip_range()
     pg_loss, st = F.policy_loss_with_stats(
         logp, m.old_logp[rows] if m.old_logp is not None else logp.detach(), m.token_adv[rows], sub.action_mask,
         loss_type="dapo", clip_low=low, clip_high=high,
-        ref_logp=m.ref_logp[rows] if m.ref_logp is not None else None, beta=c.beta)
+        ref_logp=m.ref_logp[rows] if m.ref_logp is not None else None, beta=c.beta, token_count=count)
     loss = pg_loss - c.ent_coef * entropy
     record(m.stats, loss=loss.detach(), policy_loss=pg_loss.detach(), entropy=entropy.detach(), kl=st["kl"],
            approx_kl=st["approx_kl"], clip_fraction=st["clip_fraction"])
     return loss
 
 
-def _value_loss(m: _Member, rows: torch.Tensor, sub: EpisodeBatch, hidden: torch.Tensor) -> torch.Tensor:
+def _value_loss(m: _Member, rows: torch.Tensor, sub: EpisodeBatch, hidden: torch.Tensor,
+                count: float | None = None) -> torch.Tensor:
     """``vf_coef`` * (clipped) value loss of one member's minibatch (added to its ``loss`` metric)."""
     a, c = m.agent, m.agent.config
     values, _ = a.state_values(head_values(a, hidden), sub, m.token_level)
-    v_loss = F.value_loss(values, m.old_values[rows], m.returns[rows], m.vmask[rows], clip=c.value_clip)
+    v_loss = F.value_loss(values, m.old_values[rows], m.returns[rows], m.vmask[rows], clip=c.value_clip, count=count)
     m.stats["value_loss"].append(float(v_loss.detach()))
     m.stats["loss"][-1] += c.vf_coef * float(v_loss.detach())
     return c.vf_coef * v_loss

@@ -20,7 +20,7 @@ from typing import Sequence
 import torch
 
 from .. import functional as F
-from evollm.parallel import zero
+from evollm.parallel import distributed as dist, zero
 from ..rollout import first_target, member_logprobs
 from .memory_plan import learn_path, member_chunks
 from .multiturn_rollout import EpisodeBatch, episode_batch
@@ -90,6 +90,9 @@ def reinforce_update(agents: Sequence, experiences: Sequence) -> list[dict[str, 
 
     def step(members: list[int], rows: list[torch.Tensor], stats) -> None:
         row_of = dict(zip(members, [r.to(dev) for r in rows]))
+        # several processes: token means over the whole minibatch (one all-reduce of every member's counts)
+        counts = dist.token_divisors([padded[i].action_mask[row_of[i]] for i in members])
+        count_of = dict(zip(members, counts)) if counts else {}
         for ch in chunks:  # each member's forward reads only its own adapter: step a group before the next
             ch = [i for i in ch if i in row_of]
             if not ch:
@@ -108,7 +111,8 @@ def reinforce_update(agents: Sequence, experiences: Sequence) -> list[dict[str, 
                 # with old == current (first pass) the clipped surrogate's gradient is exactly -A * grad log pi
                 loss, s = F.policy_loss_with_stats(
                     lp, old[i][r] if old[i] is not None else lp.detach(), adv[i][r], m, loss_type="dapo",
-                    clip_low=low, clip_high=high, ref_logp=ref[i][r] if ref[i] is not None else None, beta=c.beta)
+                    clip_low=low, clip_high=high, ref_logp=ref[i][r] if ref[i] is not None else None, beta=c.beta,
+                    token_count=count_of.get(i))
                 total = total + zero.track(a.optimizer, loss)  # under DeepSpeed ZeRO: through the member's engine
                 record(stats[i], loss=loss.detach(), kl=s["kl"], approx_kl=s["approx_kl"],
                        clip_fraction=s["clip_fraction"], entropy=F.masked_mean(ent, m),

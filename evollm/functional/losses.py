@@ -94,6 +94,7 @@ def policy_loss_with_stats(
     beta: float = 0.0,
     max_completion_length: Optional[int] = None,
     is_weights: Optional[Tensor] = None,
+    token_count: Optional[float] = None,
 ) -> Tuple[Tensor, Dict[str, float]]:
     """Clipped policy-gradient loss for the GRPO family, plus diagnostics.
 
@@ -113,6 +114,10 @@ def policy_loss_with_stats(
         is_weights: optional ``[B, T]`` sampler-correction weights (see
             :func:`sampler_importance_weights`, detached); the policy term of every
             token is multiplied by its weight before the KL penalty is added.
+        token_count: the divisor of the token normalisation (dapo, cispo) in place of
+            this batch's valid-token count. When a minibatch is split over processes
+            whose gradients are averaged, the mean count per process makes that
+            average the gradient of the token mean over the whole minibatch.
 
     Per-token term, with ratio ``rho = exp(logp - old_logp)`` (for ``gspo``
     one ratio per sequence, ``exp`` of the masked mean of ``logp - old_logp``,
@@ -128,7 +133,8 @@ def policy_loss_with_stats(
     * grpo, gspo: mean over the ``B`` sequences of each sequence's token mean;
       a sequence with no valid token contributes 0 (count clamped to 1) and
       still counts in the ``B`` divisor.
-    * dapo, cispo: token sum / token count (0 if no valid tokens).
+    * dapo, cispo: token sum / token count (0 if no valid tokens; ``token_count``
+      when given).
     * dr_grpo: token sum / ``(B * max_completion_length)``.
 
     Returns:
@@ -199,6 +205,8 @@ def policy_loss_with_stats(
         loss = masked_mean(per_token, valid, dim=1).mean()
     elif preset["normalisation"] == "constant":
         loss = masked_sum(per_token, valid) / (B * max_completion_length)
+    elif token_count is not None:
+        loss = masked_sum(per_token, valid) / max(float(token_count), 1.0)
     else:
         loss = masked_mean(per_token, valid)
 
@@ -298,11 +306,13 @@ def value_loss(
     returns: Tensor,
     mask: Tensor,
     clip: Optional[float] = None,
+    count: Optional[float] = None,
 ) -> Tensor:
     """PPO value loss (without ``vf_coef``), masked mean over ``[B, T]`` cells.
 
     Per cell ``0.5 * max((V - R)^2, (clip(V, V_old - c, V_old + c) - R)^2)``,
-    or ``0.5 * (V - R)^2`` when ``clip`` is None.
+    or ``0.5 * (V - R)^2`` when ``clip`` is None. ``count``: the divisor in place
+    of the number of valid cells (see ``token_count`` of :func:`policy_loss_with_stats`).
     """
     returns = returns.detach()
     loss = (values - returns) ** 2
@@ -310,4 +320,6 @@ def value_loss(
         old = old_values.detach()
         v_clipped = torch.max(torch.min(values, old + clip), old - clip)
         loss = torch.max(loss, (v_clipped - returns) ** 2)
+    if count is not None:
+        return masked_sum(0.5 * loss, mask) / max(float(count), 1.0)
     return masked_mean(0.5 * loss, mask)

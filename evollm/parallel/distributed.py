@@ -139,6 +139,17 @@ def batch_reduce():
     return all_reduce_sum if is_distributed() else None
 
 
+def token_divisors(masks: Sequence[torch.Tensor]) -> list[float] | None:
+    """Per mask (one member's rows of a minibatch on this process), the mean over processes of its
+    valid-token count: the divisor of a token-mean loss (``token_count`` of
+    :func:`evollm.functional.policy_loss_with_stats`) that makes the gradients averaged over processes those
+    of the token mean over the whole minibatch, whatever each process's share of the tokens. One
+    all-reduce for all members; None in one process."""
+    if not is_distributed():
+        return None
+    return all_reduce_mean([float((m != 0).sum()) for m in masks]).tolist()
+
+
 def all_reduce_mean(values) -> torch.Tensor:
     """Elementwise mean over processes (float64); a NaN anywhere stays NaN (so a non-finite loss on
     one process quarantines the member on all)."""

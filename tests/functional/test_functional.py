@@ -98,6 +98,19 @@ def test_policy_loss_token_mean_reduction(loss_type):
     close(F.policy_loss(logp, old, ADV, MASK, loss_type), 4.7 / 5)
 
 
+def test_token_count_replaces_the_token_divisor_of_token_means_only():
+    """Row 0 (2 tokens, sum -1.7) on one process and row 1 (3 tokens, sum 6.4) on another: each divides by the
+    mean count 2.5, and the mean of the two losses is the token mean of the whole batch, 4.7 / 5."""
+    logp, old = inputs()
+    halves = [F.policy_loss_with_stats(logp[i:i + 1], old[i:i + 1], ADV[i:i + 1], MASK[i:i + 1], "dapo",
+                                       token_count=2.5)[0] for i in (0, 1)]
+    close(halves[0], -1.7 / 2.5)
+    close((halves[0] + halves[1]) / 2, 4.7 / 5)
+    close(F.policy_loss_with_stats(logp, old, ADV, MASK, "grpo", token_count=99.0)[0], 0.641667)  # sequence means
+    v, ret, m = torch.tensor([[1.0, 2.0, 3.0]]), torch.tensor([[2.0, 0.0, 0.0]]), torch.tensor([[1, 1, 0]])
+    close(F.value_loss(v, v, ret, m, count=4.0), 0.5 * (1 + 4) / 4)  # 0.5 * [1, 4] summed over the count 4
+
+
 def test_policy_loss_dr_grpo_divisor():
     logp, old = inputs()
     close(F.policy_loss(logp, old, ADV, MASK, "dr_grpo", max_completion_length=4), 4.7 / 8)
