@@ -15,7 +15,7 @@ from typing import Callable, Sequence
 import torch
 
 from evollm.parallel import zero
-from evollm.parallel.distributed import is_distributed
+from evollm.parallel.distributed import all_reduce_mean, is_distributed
 
 #: skip the forwards and backward of an update whose every advantage is zero (tests switch it off to
 #: compare with the full update)
@@ -46,12 +46,24 @@ def run_epochs(agents: Sequence, n_rows: int, step: Step, stats: Stats | None = 
         for i in active:
             epochs[i] += 1
         if epoch + 1 < c0.update_epochs:
-            active = [i for i, n in zip(active, before) if not kl_exceeded(agents[i], stats[i].get("approx_kl", [])[n:])]
+            active = _within_target_kl(agents, active, [stats[i].get("approx_kl", [])[n:] for i, n in zip(active, before)])
         if not active:
             break
     for st, n in zip(stats, epochs):
         st["epochs"] = [float(n)]
     return stats
+
+
+def _within_target_kl(agents: Sequence, active: list[int], epoch_kl: list[Sequence[float]]) -> list[int]:
+    """The members of ``active`` whose epoch did not exceed their ``target_kl`` (``epoch_kl``: each one's
+    minibatch ``approx_kl`` values of the epoch). In a multi-process run the epoch means are averaged over
+    processes first, so every process stops the same members (their later passes are collective)."""
+    if all(getattr(agents[i].config, "target_kl", None) is None for i in active):
+        return active
+    means = [sum(kl) / len(kl) if len(kl) else 0.0 for kl in epoch_kl]
+    if is_distributed():
+        means = all_reduce_mean(means).tolist()
+    return [i for i, m in zip(active, means) if not kl_exceeded(agents[i], [m])]
 
 
 def kl_exceeded(agent, approx_kl: Sequence[float]) -> bool:

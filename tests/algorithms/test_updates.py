@@ -29,6 +29,24 @@ def test_target_kl_stops_only_that_members_epochs():
         make_agent(target_kl=0.0)
 
 
+def test_target_kl_decides_on_the_epoch_mean_over_processes(monkeypatch):
+    """Under a multi-process launch each process measures approx_kl on its own rows; a member stops only when
+    the mean over processes exceeds its target, so every process stops the same members (a member stopped
+    on one process alone would leave the others waiting in its next collective)."""
+    from types import SimpleNamespace
+
+    from evollm.algorithms import updates
+
+    agents = [SimpleNamespace(config=SimpleNamespace(target_kl=0.015)), SimpleNamespace(config=SimpleNamespace(target_kl=None)),
+              SimpleNamespace(config=SimpleNamespace(target_kl=0.015))]
+    epoch_kl = [[0.01, 0.03], [5.0], [0.01, 0.01]]  # this process: member 0 over its target (0.02), member 2 under
+    assert updates._within_target_kl(agents, [0, 1, 2], epoch_kl) == [1, 2]  # one process: its own means
+    other = [0.0, 5.0, 0.03]  # the other process's epoch means
+    monkeypatch.setattr(updates, "is_distributed", lambda: True)
+    monkeypatch.setattr(updates, "all_reduce_mean", lambda v: (torch.tensor(v) + torch.tensor(other)) / 2)
+    assert updates._within_target_kl(agents, [0, 1, 2], epoch_kl) == [0, 1]  # means 0.01, 5.0, 0.02
+
+
 def test_target_kl_on_grpo_and_reinforce(tiny):
     model, tok = tiny
     ids = torch.randint(3, 20, (8, 12), generator=torch.Generator().manual_seed(1))
