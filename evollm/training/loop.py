@@ -456,6 +456,10 @@ def finetune_llm_reasoning(pop: Sequence, env=None, settings: LoopSettings | Non
             raise ValueError(f"member {agent.index}: data_batch_size_per_gpu ({env.batch_size}) x group_size "
                              f"({agent.config.group_size}) = {rows} rows do not divide into "
                              f"batch_size={agent.config.batch_size}")
+        if n_proc > 1 and getattr(agent.config, "dynamic_sampling", False):
+            raise ValueError(f"member {agent.index}: dynamic_sampling is not supported with {n_proc} processes (each "
+                             "would refill its own share of the batch, and their updates would no longer line up); "
+                             "set dynamic_sampling: false or run one process")
         limit = getattr(agent.config, "max_model_len", None)
         longest = env.longest_prompt() if hasattr(env, "longest_prompt") else None
         if limit is not None and longest is not None and longest + agent.config.max_output_tokens > limit:

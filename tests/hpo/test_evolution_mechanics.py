@@ -329,6 +329,21 @@ def test_dynamic_sampling_drops_uninformative_groups(tiny, arithmetic_env):
     assert agent.learn((ids, masks, mixed))["grad_norm"] > 0
 
 
+def test_dynamic_sampling_under_several_processes_is_refused_in_one_line(tiny, arithmetic_env, monkeypatch):
+    """Each process would refill its own share and their updates (collective per minibatch) would no longer line
+    up: refused before any work."""
+    from evollm.parallel import distributed
+    from evollm.training.loop import finetune_llm_reasoning
+
+    model, tok = tiny
+    pop = make_grpo(model, tok, loss_type="dapo", dynamic_sampling=True)
+    monkeypatch.setattr(distributed, "init", lambda: None)
+    monkeypatch.setattr(distributed, "num_processes", lambda: 2)
+    with pytest.raises(ValueError, match=r"^member 0: dynamic_sampling is not supported with 2 processes .*; set "
+                                         r"dynamic_sampling: false or run one process$"):
+        finetune_llm_reasoning(pop, arithmetic_env, max_steps=1, verbose=False)
+
+
 def test_dynamic_sampling_refills_the_batch_with_informative_groups():
     from types import SimpleNamespace
 
