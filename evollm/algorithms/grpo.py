@@ -14,9 +14,7 @@ import numpy as np
 import torch
 
 from .. import functional as F
-from evollm.parallel import zero
-from evollm.parallel import distributed as dist
-from evollm.parallel.distributed import batch_reduce
+from evollm.parallel import distributed as dist, zero
 from .acting import Acting, ActionResult  # noqa: F401 - ActionResult: what get_action returns
 from .base import AgentConfig, LLMAgent
 from ..utils.fields import documented
@@ -228,7 +226,7 @@ def _prepare(agent: GRPO, experiences) -> _Prepared:
         seqs, mask, rewards = seqs[keep.to(seqs.device)], mask[keep.to(mask.device)], rewards[keep]
         if sampler is not None:
             sampler = sampler[keep.to(sampler.device)]
-    advantages = F.group_advantages(rewards, c.group_size, scale=c.reward_scaling(), reduce=batch_reduce())
+    advantages = F.group_advantages(rewards, c.group_size, scale=c.reward_scaling(), reduce=dist.batch_reduce())
     clip = agent.__dict__.get("adv_clip_range")  # AgileRL's advantage clipping
     if clip is not None:
         advantages = advantages.clamp(-clip, clip)
