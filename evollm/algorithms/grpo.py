@@ -20,7 +20,8 @@ from .base import AgentConfig, LLMAgent
 from ..utils.fields import documented
 from .compat import agilerl_style_test, is_evollm_env
 from .memory_plan import learn_path, member_chunks
-from .updates import mean_metrics, optimizer_only_update, record, run_epochs, zero_gradient
+from .updates import (chunked_step, mean_metrics, optimizer_only_update, record, run_epochs, with_idle_members,
+                      zero_gradient)
 from ..rollout import attention_from_sequences, evaluate_population, first_target, member_logprobs, stack_rows
 
 
@@ -256,11 +257,8 @@ def grpo_update(agents: Sequence[GRPO], experiences: Sequence) -> list[dict[str,
     batches = [_prepare(a, e) for a, e in zip(agents, experiences)]
     idle = [i for i, (a, b) in enumerate(zip(agents, batches)) if zero_gradient(a, b.advantages, b.seqs.shape[0])]
     if idle:  # no signal: these members' loss and gradient are exactly zero, only their optimizers step
-        out = {i: _optimizer_only_update(agents[i], batches[i]) for i in idle}
-        rest = [i for i in range(len(agents)) if i not in out]
-        if rest:
-            out.update(zip(rest, grpo_update([agents[i] for i in rest], [experiences[i] for i in rest])))
-        return [out[i] for i in range(len(agents))]
+        return with_idle_members(agents, experiences, idle, lambda i: _optimizer_only_update(agents[i], batches[i]),
+                                 grpo_update)
     if any(b.seqs.shape[0] == 0 for b in batches):  # dynamic sampling left a member nothing to learn from
         return [_no_update(a, b) if b.seqs.shape[0] == 0 else grpo_update([a], [e])[0]
                 for a, b, e in zip(agents, batches, experiences)]
@@ -300,22 +298,10 @@ def grpo_update(agents: Sequence[GRPO], experiences: Sequence) -> list[dict[str,
                 b.ref = ref
     params = [a.shared.parameters(a.adapter_name("actor")) for a in agents]
 
-    def step(members: list[int], rows: list[torch.Tensor], stats) -> None:
-        row_of = dict(zip(members, rows))
-        # several processes: token means over the whole minibatch (one all-reduce of every member's counts)
-        counts = dist.token_divisors([batches[i].mask[row_of[i]] for i in members])
-        count_of = dict(zip(members, counts)) if counts else {}
-        for ch in chunks:  # each member's forward reads only its own adapter: step a group before the next
-            ch = [i for i in ch if i in row_of]
-            if not ch:
-                continue
-            for i in ch:
-                agents[i].optimizer.zero_grad(set_to_none=True)
-            _learn_chunk([agents[i] for i in ch], [batches[i] for i in ch], [row_of[i] for i in ch],
-                         [stats[i] for i in ch], [count_of.get(i) for i in ch])
-            for i in ch:  # clip_and_step frees the gradients: one group's are alive at a time
-                record(stats[i], grad_norm=agents[i].clip_and_step(params[i]))
+    def learn_chunk(ch: list[int], rows: list, counts: list, stats) -> None:
+        _learn_chunk([agents[i] for i in ch], [batches[i] for i in ch], rows, [stats[i] for i in ch], counts)
 
+    step = chunked_step(agents, chunks, params, lambda i, r: batches[i].mask[r], learn_chunk)
     stats = run_epochs(agents, rows_total, step, [{k: [] for k in METRICS} for _ in agents])
     out = []
     path = learn_path(len(agents), len(chunks))

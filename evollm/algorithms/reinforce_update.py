@@ -20,12 +20,13 @@ from typing import Sequence
 import torch
 
 from .. import functional as F
-from evollm.parallel import distributed as dist, zero
+from evollm.parallel import zero
 from ..rollout import first_target, member_logprobs
 from .memory_plan import learn_path, member_chunks
 from .multiturn_rollout import EpisodeBatch, episode_batch
 from .ppo_update import common_width
-from .updates import mean_metrics, optimizer_only_update, record, run_epochs, zero_gradient
+from .updates import (chunked_step, mean_metrics, optimizer_only_update, record, run_epochs, with_idle_members,
+                      zero_gradient)
 
 #: the per-minibatch metrics of an update (``kl``: k3 to the reference; ``approx_kl``: to the sampling policy)
 METRICS = ("loss", "kl", "approx_kl", "clip_fraction", "entropy", "grad_norm", "shared_prompt")
@@ -62,11 +63,8 @@ def reinforce_update(agents: Sequence, experiences: Sequence) -> list[dict[str, 
     n = batches[0].input_ids.shape[0]
     idle = [i for i, (a, adv) in enumerate(zip(agents, advantages)) if zero_gradient(a, adv, n)]
     if idle:  # no signal: these members' loss and gradient are exactly zero, only their optimizers step
-        out = {i: _optimizer_only(agents[i], batches[i]) for i in idle}
-        rest = [i for i in range(len(agents)) if i not in out]
-        if rest:
-            out.update(zip(rest, reinforce_update([agents[i] for i in rest], [experiences[i] for i in rest])))
-        return [out[i] for i in range(len(agents))]
+        return with_idle_members(agents, experiences, idle, lambda i: _optimizer_only(agents[i], batches[i]),
+                                 reinforce_update)
     dev, c0 = agents[0].device, agents[0].config
     padded = [b.to(dev) for b in common_width(batches, agents[0].pad_token_id)]
     width = padded[0].input_ids.shape[1]
@@ -88,39 +86,28 @@ def reinforce_update(agents: Sequence, experiences: Sequence) -> list[dict[str, 
                 ref[i] = lp
     params = [a.shared.parameters(a.adapter_name("actor")) for a in agents]
 
-    def step(members: list[int], rows: list[torch.Tensor], stats) -> None:
-        row_of = dict(zip(members, [r.to(dev) for r in rows]))
-        # several processes: token means over the whole minibatch (one all-reduce of every member's counts)
-        counts = dist.token_divisors([padded[i].action_mask[row_of[i]] for i in members])
-        count_of = dict(zip(members, counts)) if counts else {}
-        for ch in chunks:  # each member's forward reads only its own adapter: step a group before the next
-            ch = [i for i in ch if i in row_of]
-            if not ch:
-                continue
-            for i in ch:
-                agents[i].optimizer.zero_grad(set_to_none=True)
-            k = len(row_of[ch[0]])
-            info: dict = {}
-            logp, entropy = _logprobs([agents[i] for i in ch], [padded[i].rows(row_of[i]) for i in ch], k,
-                                      grad=True, info=info)
-            total = 0.0
-            for i, lp, ent in zip(ch, logp.split(k), entropy.split(k)):
-                a, r, c = agents[i], row_of[i], agents[i].config
-                m = padded[i].action_mask[r]
-                low, high = c.clip_range()
-                # with old == current (first pass) the clipped surrogate's gradient is exactly -A * grad log pi
-                loss, s = F.policy_loss_with_stats(
-                    lp, old[i][r] if old[i] is not None else lp.detach(), adv[i][r], m, loss_type="dapo",
-                    clip_low=low, clip_high=high, ref_logp=ref[i][r] if ref[i] is not None else None, beta=c.beta,
-                    token_count=count_of.get(i))
-                total = total + zero.track(a.optimizer, loss)  # under DeepSpeed ZeRO: through the member's engine
-                record(stats[i], loss=loss.detach(), kl=s["kl"], approx_kl=s["approx_kl"],
-                       clip_fraction=s["clip_fraction"], entropy=F.masked_mean(ent, m),
-                       shared_prompt=info["shared_prompt"])
-            total.backward()
-            for i in ch:  # clip_and_step frees the gradients: one group's are alive at a time
-                record(stats[i], grad_norm=agents[i].clip_and_step(params[i]))
+    def learn_chunk(ch: list[int], rows: list[torch.Tensor], counts: list, stats) -> None:
+        """One routed forward and backward over the group's minibatch rows."""
+        rows = [r.to(dev) for r in rows]
+        k = len(rows[0])
+        info: dict = {}
+        logp, entropy = _logprobs([agents[i] for i in ch], [padded[i].rows(r) for i, r in zip(ch, rows)], k,
+                                  grad=True, info=info)
+        total = 0.0
+        for i, r, count, lp, ent in zip(ch, rows, counts, logp.split(k), entropy.split(k)):
+            a, c, m = agents[i], agents[i].config, padded[i].action_mask[r]
+            low, high = c.clip_range()
+            # with old == current (first pass) the clipped surrogate's gradient is exactly -A * grad log pi
+            loss, s = F.policy_loss_with_stats(
+                lp, old[i][r] if old[i] is not None else lp.detach(), adv[i][r], m, loss_type="dapo",
+                clip_low=low, clip_high=high, ref_logp=ref[i][r] if ref[i] is not None else None, beta=c.beta,
+                token_count=count)
+            total = total + zero.track(a.optimizer, loss)  # under DeepSpeed ZeRO: through the member's engine
+            record(stats[i], loss=loss.detach(), kl=s["kl"], approx_kl=s["approx_kl"],
+                   clip_fraction=s["clip_fraction"], entropy=F.masked_mean(ent, m), shared_prompt=info["shared_prompt"])
+        total.backward()  # each member's loss reaches only its own adapter
 
+    step = chunked_step(agents, chunks, params, lambda i, r: padded[i].action_mask[r.to(dev)], learn_chunk)
     stats = run_epochs(agents, n, step, [{k: [] for k in METRICS} for _ in agents])
     path = learn_path(len(agents), len(chunks))
     out = []

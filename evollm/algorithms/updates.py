@@ -15,7 +15,7 @@ from typing import Callable, Sequence
 import torch
 
 from evollm.parallel import zero
-from evollm.parallel.distributed import all_reduce_mean, is_distributed
+from evollm.parallel.distributed import all_reduce_mean, is_distributed, token_divisors
 
 #: skip the forwards and backward of an update whose every advantage is zero (tests switch it off to
 #: compare with the full update)
@@ -52,6 +52,43 @@ def run_epochs(agents: Sequence, n_rows: int, step: Step, stats: Stats | None = 
     for st, n in zip(stats, epochs):
         st["epochs"] = [float(n)]
     return stats
+
+
+def with_idle_members(agents: Sequence, experiences: Sequence, idle: list[int], idle_update: Callable[[int], dict],
+                      update: Callable[[Sequence, Sequence], list[dict]]) -> list[dict]:
+    """Each member's metrics when the members ``idle`` have no learning signal: those take
+    ``idle_update(i)`` (only their optimizer steps, :func:`optimizer_only_update`), the others
+    ``update(agents, experiences)`` together."""
+    out = {i: idle_update(i) for i in idle}
+    rest = [i for i in range(len(agents)) if i not in out]
+    if rest:
+        out.update(zip(rest, update([agents[i] for i in rest], [experiences[i] for i in rest])))
+    return [out[i] for i in range(len(agents))]
+
+
+def chunked_step(agents: Sequence, chunks: list[list[int]], params: Sequence, mask_of: Callable,
+                 learn_chunk: Callable) -> Step:
+    """The minibatch step of a fused update (GRPO, REINFORCE): group by group (``chunks``, from the memory
+    plan) of the members still updating, zero their gradients, ``learn_chunk(members, rows, counts, stats)``
+    (one forward and backward of the group; ``counts``: each member's token-mean divisor, None in one
+    process, see :func:`~evollm.parallel.distributed.token_divisors`), then each member clips and steps its
+    own optimizer. ``mask_of(i, rows)``: member ``i``'s action mask of those rows."""
+
+    def step(members: list[int], rows: list[torch.Tensor], stats: Stats) -> None:
+        row_of = dict(zip(members, rows))
+        counts = token_divisors([mask_of(i, row_of[i]) for i in members])  # several processes: one all-reduce
+        count_of = dict(zip(members, counts)) if counts else {}
+        for ch in chunks:  # each member's forward reads only its own adapter: step a group before the next
+            ch = [i for i in ch if i in row_of]
+            if not ch:
+                continue
+            for i in ch:
+                agents[i].optimizer.zero_grad(set_to_none=True)
+            learn_chunk(ch, [row_of[i] for i in ch], [count_of.get(i) for i in ch], stats)
+            for i in ch:  # clip_and_step frees the gradients: one group's are alive at a time
+                record(stats[i], grad_norm=agents[i].clip_and_step(params[i]))
+
+    return step
 
 
 def _within_target_kl(agents: Sequence, active: list[int], epoch_kl: list[Sequence[float]]) -> list[int]:
