@@ -184,7 +184,8 @@ def ppo_update(agents: Sequence, experiences: Sequence) -> list[dict[str, float]
         first = min(action_start(s.action_mask) for s in subs)  # the losses read no earlier column
         k = len(rows[0])
         # several processes: token means over the whole minibatch (one all-reduce of every member's counts)
-        counts = dist.token_divisors([s.action_mask for s in subs] + [m.vmask[r] for m, r in zip(ms, rows)])
+        counts = (dist.token_divisors([s.action_mask for s in subs] + [m.vmask[r] for m, r in zip(ms, rows)])
+                  if dist.is_distributed() else None)
         act, val = (counts[:len(ms)], counts[len(ms):]) if counts else ([None] * len(ms), [None] * len(ms))
         for m in ms:
             m.agent.optimizer.zero_grad(set_to_none=True)

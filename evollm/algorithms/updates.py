@@ -76,7 +76,8 @@ def chunked_step(agents: Sequence, chunks: list[list[int]], params: Sequence, ma
 
     def step(members: list[int], rows: list[torch.Tensor], stats: Stats) -> None:
         row_of = dict(zip(members, rows))
-        counts = token_divisors([mask_of(i, row_of[i]) for i in members])  # several processes: one all-reduce
+        # several processes: one all-reduce of every member's token count (nothing to gather in one process)
+        counts = token_divisors([mask_of(i, row_of[i]) for i in members]) if is_distributed() else None
         count_of = dict(zip(members, counts)) if counts else {}
         for ch in chunks:  # each member's forward reads only its own adapter: step a group before the next
             ch = [i for i in ch if i in row_of]
