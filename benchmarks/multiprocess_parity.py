@@ -41,13 +41,18 @@ def worker(out: Path, without: str | None, ragged: bool) -> None:
     import zero_script
 
     if not ragged:
-        batch = data_parallel_script.fixed_batch
-        data_parallel_script.fixed_batch = lambda tok, **kw: batch(tok, **{**kw, "ragged": False})
+        equal_lengths(data_parallel_script)
     dist.init()
     rank = dist.process_index()
     for part, tensors in zip(PARTS, scenarios(zero_script, dist.shard)):
         save_file(tensors, str(out / f"{part}-rank{rank}.safetensors"))
     dist.barrier()
+
+
+def equal_lengths(data_parallel_script) -> None:
+    """Every scenario's fixed batch with completions of equal length (the tests' scenarios ask for ragged ones)."""
+    batch = data_parallel_script.fixed_batch
+    data_parallel_script.fixed_batch = lambda tok, **kw: batch(tok, **{**kw, "ragged": False})
 
 
 def scenarios(zero_script, shard=lambda rows: rows):
@@ -77,8 +82,7 @@ def main() -> None:
     import zero_script
 
     if args.equal:
-        batch = data_parallel_script.fixed_batch
-        data_parallel_script.fixed_batch = lambda tok, **kw: batch(tok, **{**kw, "ragged": False})
+        equal_lengths(data_parallel_script)
     print(f"2 processes against 1 ({'equal' if args.equal else 'ragged'} lengths; without: {args.without or 'nothing'})")
     for part, ref in zip(PARTS, scenarios(zero_script)):
         got = load_file(str(out / f"{part}-rank0.safetensors"))

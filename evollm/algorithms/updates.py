@@ -94,20 +94,16 @@ def chunked_step(agents: Sequence, chunks: list[list[int]], params: Sequence, ma
 
 def _within_target_kl(agents: Sequence, active: list[int], epoch_kl: list[Sequence[float]]) -> list[int]:
     """The members of ``active`` whose epoch did not exceed their ``target_kl`` (``epoch_kl``: each one's
-    minibatch ``approx_kl`` values of the epoch). In a multi-process run the epoch means are averaged over
-    processes first, so every process stops the same members (their later passes are collective)."""
-    if all(getattr(agents[i].config, "target_kl", None) is None for i in active):
+    minibatch ``approx_kl`` values of the epoch; their mean is compared). In a multi-process run the epoch
+    means are averaged over processes first, so every process stops the same members (their later passes are
+    collective)."""
+    targets = [getattr(agents[i].config, "target_kl", None) for i in active]
+    if all(t is None for t in targets):
         return active
     means = [sum(kl) / len(kl) if len(kl) else 0.0 for kl in epoch_kl]
     if is_distributed():
         means = all_reduce_mean(means).tolist()
-    return [i for i, m in zip(active, means) if not kl_exceeded(agents[i], [m])]
-
-
-def kl_exceeded(agent, approx_kl: Sequence[float]) -> bool:
-    """Whether ``agent``'s ``target_kl`` is set and the mean of ``approx_kl`` (an epoch's minibatches) is above it."""
-    target = getattr(agent.config, "target_kl", None)
-    return target is not None and len(approx_kl) > 0 and sum(approx_kl) / len(approx_kl) > target
+    return [i for i, m, t in zip(active, means, targets) if t is None or not m > t]
 
 
 def record(stats: dict[str, list[float]], **values: float) -> None:
