@@ -173,6 +173,9 @@ class NarrowingSection(Section):
                          "between equal scores: `cut` acts on all of them (the tie-break chooses); `one_rung` acts "
                          "on one (8 -> 4, not 8 -> 1) and leaves the rest for the next ranking, so the members the "
                          "tie-break kept are measured again first.", choices=("cut", "one_rung"))
+    tie_se: float = option(0.0, "With `on_tie: one_rung`, scores closer than this many standard errors of their "
+                           "difference count as tied too (0: equal scores only). For small validation sets, where the "
+                           "first ranking's scores are mostly within noise of each other.")
     tiebreak: str = option("default_first", "What orders equal scores at a cut: `default_first` (the default "
                            "founder's lineage, then the mean training reward of the last 10 steps) or `reward` "
                            "(the training rewards alone).", choices=("default_first", "reward"))
@@ -187,7 +190,7 @@ class NarrowingSection(Section):
                              incumbent=self.incumbent, revive=self.revive, patience=self.patience,
                              no_signal=self.no_signal, rollback=self.rollback, decline=self.decline,
                              rollback_lr=self.rollback_lr, max_rollbacks=self.max_rollbacks, decline_se=self.decline_se,
-                             on_tie=self.on_tie, tiebreak=self.tiebreak)
+                             on_tie=self.on_tie, tiebreak=self.tiebreak, tie_se=self.tie_se)
         except ValueError as e:
             raise ConfigError(f"hpo.narrowing: {e}") from e
 

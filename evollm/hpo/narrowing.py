@@ -189,6 +189,11 @@ class Narrowing:
             ranking (with ``evaluate``, too: they do not bring an evaluation forward), so the members kept on
             the tie-break are measured again before the next cut. A cut that is not
             tied, or one whose single rung goes as deep (2 -> 1 either way), is unaffected. Default ``"cut"``.
+        tie_se: with ``on_tie="one_rung"``, scores closer than this many standard errors of their difference
+            count as tied too (:meth:`tied_at_cut`; default 0: equal scores only). On a small validation set
+            (SmolLM2's 40 questions: a standard error of 0.05) the scores of the first ranking are mostly
+            within one standard error of each other, and a cut of several rungs on them keeps one member
+            on what is mostly noise.
         tiebreak: what orders equal scores at a cut: ``"default_first"`` (:func:`tie_rank`: the default
             founder's lineage, then the recent training rewards) or ``"reward"`` (:func:`recent_reward`
             alone). Default ``"default_first"``.
@@ -203,7 +208,8 @@ class Narrowing:
                  evaluate: bool = False, incumbent: bool = False, revive: bool = True,
                  patience: int = STALL_PATIENCE, no_signal: float = STALL_NO_SIGNAL, rollback: bool = True,
                  decline: float = DECLINE, rollback_lr: float = ROLLBACK_LR, max_rollbacks: int = MAX_ROLLBACKS,
-                 decline_se: float = DECLINE_SE, on_tie: str = "cut", tiebreak: str = "default_first") -> None:
+                 decline_se: float = DECLINE_SE, on_tie: str = "cut", tiebreak: str = "default_first",
+                 tie_se: float = 0.0) -> None:
         at = [float(a) for a in at]
         if not at:
             raise ValueError("Narrowing.at must name at least one fraction of the budget")
@@ -229,6 +235,8 @@ class Narrowing:
             raise ValueError(f"Narrowing.on_tie must be one of {list(ON_TIE)}, got {on_tie!r}")
         if tiebreak not in TIEBREAKS:
             raise ValueError(f"Narrowing.tiebreak must be one of {list(TIEBREAKS)}, got {tiebreak!r}")
+        if not float(tie_se) >= 0.0:
+            raise ValueError(f"Narrowing.tie_se must be >= 0 standard errors, got {tie_se!r}")
         self.at = tuple(at)
         self.keep = float(keep)
         self.min_size = int(min_size)
@@ -239,7 +247,7 @@ class Narrowing:
         self.no_signal = float(no_signal)
         self.rollback, self.decline, self.decline_se = bool(rollback), float(decline), float(decline_se)
         self.rollback_lr, self.max_rollbacks = float(rollback_lr), int(max_rollbacks)
-        self.on_tie, self.tiebreak = on_tie, tiebreak
+        self.on_tie, self.tiebreak, self.tie_se = on_tie, tiebreak, float(tie_se)
         self.passed = 0  # milestones acted on
         self.deferred = 0  # milestones due that the last cut left for the next regular ranking (on_tie)
         self.elapsed_s = 0.0  # budget-clock seconds spent before this process started (resume)
@@ -262,9 +270,11 @@ class Narrowing:
         return out
 
     def narrow(self, population: Sequence[Any], score: Callable[[Any], float],
-               milestones: int, tiebreak: Optional[Callable[[Any], float]] = None) -> tuple[list, list]:
+               milestones: int, tiebreak: Optional[Callable[[Any], float]] = None,
+               stderr: Optional[Callable[[Any], float]] = None) -> tuple[list, list]:
         """``(kept, dropped)`` after acting on ``milestones`` milestones (one, with ``on_tie="one_rung"``,
-        when the deeper cut would fall between equal scores): members ranked by ``score`` (higher is
+        when the deeper cut would fall between scores the measurement cannot tell apart: :meth:`is_tied`,
+        with ``stderr`` giving each member's standard error): members ranked by ``score`` (higher is
         better; NaN last), equal scores by ``tiebreak`` (the training loop's: :meth:`tie_key`; higher is
         better, NaN last), then by the lower id; the best :meth:`target` kept in their original order.
         Marks the milestones acted on as passed."""
@@ -281,8 +291,8 @@ class Narrowing:
         ranked = sorted(population, key=key)
         size = self.target(len(population), milestones)
         self.deferred = 0
-        if self.on_tie == "one_rung" and self.target(len(population), 1) > size > 0 and self.tied_at_cut(
-                [score(a) for a in ranked[:size]], [score(a) for a in ranked[size:]]):
+        if self.on_tie == "one_rung" and self.target(len(population), 1) > size > 0 and self.is_tied(
+                ranked[:size], ranked[size:], score, stderr):
             self.deferred = milestones - 1  # no evidence for the deeper cut: one rung now, the rest at the next ranking
             milestones, size = 1, self.target(len(population), 1)
         self.passed = min(len(self.at), self.passed + milestones)
@@ -299,8 +309,20 @@ class Narrowing:
         """The tie-break ``tiebreak`` names: :func:`tie_rank` or :func:`recent_reward`."""
         return tie_rank if self.tiebreak == "default_first" else recent_reward
 
+    def is_tied(self, kept: Sequence[Any], dropped: Sequence[Any], score: Callable[[Any], float],
+                stderr: Optional[Callable[[Any], float]] = None) -> bool:
+        """Whether a cut between members ``kept`` and ``dropped`` falls within the measurement's reach:
+        :meth:`tied_at_cut` on their scores, with ``tie_se`` standard errors of tolerance (``stderr``: each
+        member's; without them, equal scores only)."""
+        def errors(members):
+            return [stderr(a) for a in members] if stderr is not None else None
+        return self.tied_at_cut([score(a) for a in kept], [score(a) for a in dropped], errors(kept), errors(dropped),
+                                self.tie_se)
+
     @staticmethod
-    def tied_at_cut(kept_scores: Sequence[float], dropped_scores: Sequence[float]) -> bool:
+    def tied_at_cut(kept_scores: Sequence[float], dropped_scores: Sequence[float],
+                    kept_se: Optional[Sequence[float]] = None, dropped_se: Optional[Sequence[float]] = None,
+                    z: float = 0.0) -> bool:
         """Whether a cut fell between equal scores: the worst kept member scored exactly what the best
         dropped one did, so the tie-break (the default founder's lineage, the recent training rewards,
         the lower id), not the measurement, chose between them.
@@ -311,10 +333,24 @@ class Narrowing:
         True
         >>> Narrowing.tied_at_cut([0.44, 0.30], [0.25, 0.25])
         False
+
+        With ``z`` > 0 and the standard errors of the scores (``kept_se``, ``dropped_se``, in the same order), a
+        cut also counts as tied when the worst kept member is less than ``z`` standard errors of the difference
+        above the best dropped one (``sqrt(se_kept**2 + se_dropped**2)``; unknown errors: equal scores only):
+
+        >>> Narrowing.tied_at_cut([0.15, 0.10], [0.075, 0.05], [0.057, 0.048], [0.042, 0.035], z=1.0)  # 0.025 < 0.064
+        True
+        >>> Narrowing.tied_at_cut([0.62, 0.61], [0.52, 0.51], [0.034, 0.034], [0.035, 0.035], z=1.0)  # 0.09 > 0.049
+        False
         """
-        kept = [s for s in kept_scores if not math.isnan(s)]
-        dropped = [s for s in dropped_scores if not math.isnan(s)]
-        return bool(kept and dropped) and min(kept) == max(dropped)
+        kept = [(s, e) for s, e in zip(kept_scores, kept_se or [math.nan] * len(kept_scores)) if not math.isnan(s)]
+        dropped = [(s, e) for s, e in zip(dropped_scores, dropped_se or [math.nan] * len(dropped_scores))
+                   if not math.isnan(s)]
+        if not (kept and dropped):
+            return False
+        (worst, worst_se), (best, best_se) = min(kept), max(dropped)
+        margin = float(z) * math.sqrt(float(worst_se) ** 2 + float(best_se) ** 2) if z > 0 else math.nan
+        return worst == best or (math.isfinite(margin) and worst - best < margin)
 
     def state_dict(self) -> dict:
         """Milestones passed, budget seconds spent and the milestones the last cut deferred (JSON)."""
@@ -329,7 +365,8 @@ class Narrowing:
         return (f"Narrowing(at={list(self.at)}, keep={self.keep}, min_size={self.min_size}, evaluate={self.evaluate}, "
                 f"incumbent={self.incumbent}, revive={self.revive}, patience={self.patience}, no_signal={self.no_signal}, "
                 f"rollback={self.rollback}, decline={self.decline}, rollback_lr={self.rollback_lr}, "
-                f"max_rollbacks={self.max_rollbacks}, on_tie={self.on_tie!r}, tiebreak={self.tiebreak!r})")
+                f"max_rollbacks={self.max_rollbacks}, on_tie={self.on_tie!r}, tiebreak={self.tiebreak!r}, "
+                f"tie_se={self.tie_se})")
 
     @property
     def finished(self) -> bool:

@@ -251,7 +251,9 @@ def narrow_population(agents: list, narrowing, step: int, max_steps: int, max_ti
     scores = {int(a.index): float(score(a)) for a in agents}
     protected = tournament.protected_ids(agents) if hasattr(tournament, "protected_ids") else []
     ranks = tournament.rank_scores(agents, scores, protected) if protected else scores
-    kept, dropped = narrowing.narrow(agents, lambda a: ranks[int(a.index)], due, tiebreak=narrowing.tie_key())
+    stderr = {int(a.index): _stderr(tournament, a, record) for a in agents}
+    rank, error = (lambda a: ranks[int(a.index)]), (lambda a: stderr[int(a.index)])
+    kept, dropped = narrowing.narrow(agents, rank, due, tiebreak=narrowing.tie_key(), stderr=error)
     if not dropped:  # already at the schedule's smallest size
         return agents, None
     if tournament is not None and hasattr(tournament, "resize"):
@@ -259,8 +261,7 @@ def narrow_population(agents: list, narrowing, step: int, max_steps: int, max_ti
     best = max(kept, key=lambda a: (ranks[int(a.index)], -int(a.index)))
     result = SelectionResult(elite=None, population=list(kept), dropped=list(dropped), scores=scores,
                              best_index=int(best.index), protected=protected)
-    stderr = {int(a.index): _stderr(tournament, a, record) for a in agents}
-    tied = narrowing.tied_at_cut([ranks[int(a.index)] for a in kept], [ranks[int(a.index)] for a in dropped])
+    tied = narrowing.is_tied(kept, dropped, rank, error)
     record.record_narrowing(result, step, fraction, stderr, source=getattr(tournament, "fitness", "last"), tied=tied,
                             deferred=narrowing.deferred)
     for agent in park_runner_up(dropped, lambda a: ranks[int(a.index)], narrowing, len(kept), tournament, record):
@@ -271,7 +272,8 @@ def narrow_population(agents: list, narrowing, step: int, max_steps: int, max_ti
                 "per step would inform it)") if snr < 1 else ""
         breaker = ("the default founder's lineage first, then the recent training rewards"
                    if narrowing.tiebreak == "default_first" else "the recent training rewards")
-        tie = f"; the cut fell between equal scores: {breaker} broke the tie" if tied else ""
+        within = f"scores within {narrowing.tie_se:g} standard errors" if narrowing.tie_se else "equal scores"
+        tie = f"; the cut fell between {within}: {breaker} broke the tie" if tied else ""
         if narrowing.deferred:
             tie += f"; {narrowing.deferred} more milestone(s) wait for the next ranking (hpo.narrowing.on_tie: one_rung)"
         log(f"narrowing at step {step} ({fraction:.0%} of the budget): kept {[a.index for a in kept]}, "

@@ -312,7 +312,10 @@ def test_default_narrowing_applies_to_evolving_populations_only():
     assert not off.rollback and off.max_rollbacks == 1
     assert (narrowing.on_tie, narrowing.tiebreak) == ("cut", "default_first")
     tie = build_narrowing(load({**EVO, **eight}, ["hpo.narrowing.on_tie=one_rung", "hpo.narrowing.tiebreak=reward"]))
-    assert (tie.on_tie, tie.tiebreak) == ("one_rung", "reward")
+    assert (tie.on_tie, tie.tiebreak, tie.tie_se) == ("one_rung", "reward", 0.0)
+    assert build_narrowing(load({**EVO, **eight}, ["hpo.narrowing.tie_se=1"])).tie_se == 1.0
+    with pytest.raises(ConfigError, match=r"^hpo.narrowing: Narrowing.tie_se must be >= 0 standard errors, got -0.5$"):
+        load({**EVO, **eight}, ["hpo.narrowing.tie_se=-0.5"])
     with pytest.raises(ConfigError, match=r"hpo.narrowing.on_tie='wait' is not valid; .*\['cut', 'one_rung'\]"):
         load({**EVO, **eight}, ["hpo.narrowing.on_tie=wait"])
     with pytest.raises(ConfigError, match=r"^hpo.narrowing: Narrowing.decline must be a share in \(0, 1\), got 1.5$"):
