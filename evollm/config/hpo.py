@@ -164,6 +164,12 @@ class NarrowingSection(Section):
                             "lower of its and the fallen member's learning rates, at most `max_rollbacks` times; the best state is kept as with "
                             "train.keep_best. Why: the first cuts favour the rate whose play improves fastest, often one "
                             "that then falls back alone (benchmarks/README.md, HPO section).")
+    anneal: bool = option(False, "When the member training alone has `patience` evaluations without a new best since "
+                          "it was last chosen or changed, its learning rates are multiplied by `anneal_lr` (not below their "
+                          "search range), at most `max_anneals` times: a learning rate reduced on a plateau, for the "
+                          "fast-rising rates the first cuts keep (benchmarks/README.md, HPO section).")
+    anneal_lr: float = option(0.5, "Factor on the learning rates at an anneal.")
+    max_anneals: int = option(2, "Anneals per run at most.")
     decline: float = option(0.1, "Fall below the best state's fitness, as a share of it, that triggers a roll-back.")
     decline_se: float = option(1.5, "Standard errors of the best state's evaluation that the fall must also exceed "
                                     "(0: the share `decline` alone).")
@@ -190,7 +196,8 @@ class NarrowingSection(Section):
                              incumbent=self.incumbent, revive=self.revive, patience=self.patience,
                              no_signal=self.no_signal, rollback=self.rollback, decline=self.decline,
                              rollback_lr=self.rollback_lr, max_rollbacks=self.max_rollbacks, decline_se=self.decline_se,
-                             on_tie=self.on_tie, tiebreak=self.tiebreak, tie_se=self.tie_se)
+                             on_tie=self.on_tie, tiebreak=self.tiebreak, tie_se=self.tie_se, anneal=self.anneal,
+                             anneal_lr=self.anneal_lr, max_anneals=self.max_anneals)
         except ValueError as e:
             raise ConfigError(f"hpo.narrowing: {e}") from e
 

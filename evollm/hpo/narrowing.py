@@ -42,6 +42,10 @@ DECLINE_SE = 1.5
 ROLLBACK_LR = 0.5
 #: roll-backs per run at most (the learning rate falls at most ``ROLLBACK_LR ** MAX_ROLLBACKS``-fold)
 MAX_ROLLBACKS = 2
+#: factor on a lone member's learning rates at a plateau (``Narrowing.anneal``)
+ANNEAL_LR = 0.5
+#: plateau decays per run at most (``Narrowing.anneal``)
+MAX_ANNEALS = 2
 
 
 def declined(fitness: Sequence[float], best: float, patience: int = STALL_PATIENCE, drop: float = DECLINE,
@@ -75,6 +79,25 @@ def declined(fitness: Sequence[float], best: float, patience: int = STALL_PATIEN
     return sum(recent) / len(recent) < float(best) - margin
 
 
+def plateaued(fitness: Sequence[float], patience: int = STALL_PATIENCE) -> bool:
+    """Whether a member's held-out fitness has stopped rising: none of its last ``patience`` evaluations
+    (``fitness``, oldest first) is above its best before them (at least one evaluation before them; an
+    unmeasured one, NaN, decides nothing).
+
+    >>> plateaued([0.69, 0.68, 0.66, 0.68])  # 0.69 not beaten in three evaluations
+    True
+    >>> plateaued([0.69, 0.68, 0.66, 0.70])  # a new best
+    False
+    >>> plateaued([0.69, 0.68, 0.66])  # not yet patience + 1 evaluations
+    False
+    """
+    fitness = [float(f) for f in fitness]
+    if len(fitness) <= patience:
+        return False
+    before, recent = fitness[:-patience], fitness[-patience:]
+    return not any(math.isnan(f) for f in recent) and max(recent) <= max(before)
+
+
 def stalled(fitness: Sequence[float], no_signal: Sequence[bool], patience: int = STALL_PATIENCE,
             share: float = STALL_NO_SIGNAL) -> bool:
     """Whether a member has stopped learning: none of its last ``patience`` evaluations (``fitness``, oldest
@@ -93,11 +116,7 @@ def stalled(fitness: Sequence[float], no_signal: Sequence[bool], patience: int =
     >>> stalled([0.22, 0.22, 0.22], [True] * 10)  # not yet patience + 1 evaluations
     False
     """
-    fitness = [float(f) for f in fitness]
-    if len(fitness) <= patience or not no_signal:
-        return False
-    before, recent = fitness[:-patience], fitness[-patience:]
-    if any(math.isnan(f) for f in recent) or max(recent) > max(before):
+    if not no_signal or not plateaued(fitness, patience):
         return False
     return sum(bool(x) for x in no_signal) >= share * len(no_signal)
 
@@ -173,6 +192,16 @@ class Narrowing:
             cuts favour the member whose play improves fastest, which is often a learning rate that then
             falls back alone (the game: lone survivors at lr 6e-4 to 9e-4 peaked at 0.55-0.70 and ended at
             0.40-0.52; benchmarks/README.md).
+        anneal: when a member training alone (the schedule finished, selection stopped) has :func:`plateaued`
+            (``patience`` evaluations without a new best since it was last chosen or changed), multiply its learning
+            rates by ``anneal_lr`` in place (not below their search range), at most ``max_anneals`` times per
+            run: PBT's explore step downwards, on the one member left, as a learning-rate schedule reduces on a
+            plateau. Default ``False``. Why: the first cuts keep the member whose score rises fastest, often a
+            rate that then scores noisily around a plateau below what a lower rate reaches (REINFORCE on the
+            arithmetic task: lone members at 3e-4 to 8e-4 sat at 0.61-0.75 on validation from their first
+            evaluations on while the default run at 1e-4 climbed to 0.73-0.75; benchmarks/README.md).
+        anneal_lr: the factor of an anneal (default 0.5).
+        max_anneals: anneals per run at most (default 2).
         decline: the fall, as a share of the best state's fitness, that counts (default 0.1).
         decline_se: the fall must also exceed this many standard errors of the best state's evaluation
             (default 1.5; 0: the share alone). Why: on chain_calc (scores about 0.2, a tenth of which is
@@ -209,7 +238,8 @@ class Narrowing:
                  patience: int = STALL_PATIENCE, no_signal: float = STALL_NO_SIGNAL, rollback: bool = True,
                  decline: float = DECLINE, rollback_lr: float = ROLLBACK_LR, max_rollbacks: int = MAX_ROLLBACKS,
                  decline_se: float = DECLINE_SE, on_tie: str = "cut", tiebreak: str = "default_first",
-                 tie_se: float = 0.0) -> None:
+                 tie_se: float = 0.0, anneal: bool = False, anneal_lr: float = ANNEAL_LR,
+                 max_anneals: int = MAX_ANNEALS) -> None:
         at = [float(a) for a in at]
         if not at:
             raise ValueError("Narrowing.at must name at least one fraction of the budget")
@@ -235,6 +265,10 @@ class Narrowing:
             raise ValueError(f"Narrowing.on_tie must be one of {list(ON_TIE)}, got {on_tie!r}")
         if tiebreak not in TIEBREAKS:
             raise ValueError(f"Narrowing.tiebreak must be one of {list(TIEBREAKS)}, got {tiebreak!r}")
+        if not 0.0 < float(anneal_lr) <= 1.0:
+            raise ValueError(f"Narrowing.anneal_lr must be a factor in (0, 1], got {anneal_lr!r}")
+        if int(max_anneals) < 0:
+            raise ValueError(f"Narrowing.max_anneals must be >= 0, got {max_anneals!r}")
         if not float(tie_se) >= 0.0:
             raise ValueError(f"Narrowing.tie_se must be >= 0 standard errors, got {tie_se!r}")
         self.at = tuple(at)
@@ -248,6 +282,7 @@ class Narrowing:
         self.rollback, self.decline, self.decline_se = bool(rollback), float(decline), float(decline_se)
         self.rollback_lr, self.max_rollbacks = float(rollback_lr), int(max_rollbacks)
         self.on_tie, self.tiebreak, self.tie_se = on_tie, tiebreak, float(tie_se)
+        self.anneal, self.anneal_lr, self.max_anneals = bool(anneal), float(anneal_lr), int(max_anneals)
         self.passed = 0  # milestones acted on
         self.deferred = 0  # milestones due that the last cut left for the next regular ranking (on_tie)
         self.elapsed_s = 0.0  # budget-clock seconds spent before this process started (resume)
@@ -366,7 +401,7 @@ class Narrowing:
                 f"incumbent={self.incumbent}, revive={self.revive}, patience={self.patience}, no_signal={self.no_signal}, "
                 f"rollback={self.rollback}, decline={self.decline}, rollback_lr={self.rollback_lr}, "
                 f"max_rollbacks={self.max_rollbacks}, on_tie={self.on_tie!r}, tiebreak={self.tiebreak!r}, "
-                f"tie_se={self.tie_se})")
+                f"tie_se={self.tie_se}, anneal={self.anneal}, anneal_lr={self.anneal_lr}, max_anneals={self.max_anneals})")
 
     @property
     def finished(self) -> bool:

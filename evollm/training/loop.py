@@ -25,7 +25,7 @@ from evollm.run.reserve import Reserve
 from ..rollout import evaluate_population, generate_population
 from ..run.measure import member_tokens, with_costs
 from .dynamic_sampling import refill
-from .revival import park_runner_up, rescue_quarantined, revive_stalled, roll_back_declined
+from .revival import anneal_plateaued, park_runner_up, rescue_quarantined, revive_stalled, roll_back_declined
 from .callbacks import Callback, LoopState, call
 from .quarantine import check_members, evaluate_healthy, healthy, replace_quarantined, stop_if_none_healthy
 from ..algorithms.compat import wants_vllm
@@ -164,6 +164,8 @@ def evolve(pop: Sequence, train_step: Callable[[list, int], dict[int, dict]],
                                         log if verbose else None)
                 agents = roll_back_declined(agents, narrowing, tournament, record, done, max_steps, max_time,
                                             log if verbose else None)  # one that fell away to its best (rollback)
+                agents = anneal_plateaued(agents, narrowing, tournament, record, done, max_steps, max_time,
+                                          log if verbose else None)  # one that stopped rising: a lower rate (anneal)
                 state.agents = agents
         if evo_steps is not None and done % evo_steps == 0 and done < max_steps \
                 and len(agents) >= getattr(tournament, "min_population", 2):  # narrowed below it: train on

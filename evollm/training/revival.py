@@ -8,7 +8,8 @@ has stalled (:func:`~evollm.hpo.narrowing.stalled`: ``patience`` evaluations wit
 that quarantined every live member, :func:`rescue_quarantined` brings the parked member back (the
 runner-up, or the member a stall swap parked) so the run trains on instead of stopping. After each
 evaluation, :func:`roll_back_declined` puts a copy of the run's best state, at a lower learning rate, in the
-place of a member training alone that has fallen away from it (``hpo.narrowing.rollback``).
+place of a member training alone that has fallen away from it (``hpo.narrowing.rollback``), and
+:func:`anneal_plateaued` lowers the learning rates of one whose fitness has stopped rising (``hpo.narrowing.anneal``).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import math
 from typing import Callable, Sequence
 
 from evollm.hpo.defaults import DEFAULT_EVOLVED, LEARNING_RATES
-from evollm.hpo.narrowing import budget_fraction, declined, stalled
+from evollm.hpo.narrowing import budget_fraction, declined, plateaued, stalled
 from evollm.run.population import Population
 from .quarantine import healthy
 
@@ -230,3 +231,42 @@ def _roll_back(agents, member, fitness, kept, record, step, max_steps, max_time,
             f"{scores[int(member.index)]:.3f} over its last {len(recent)} evaluations, the best state {kept.fitness:.3f} "
             f"(member {kept.source} at step {kept.step}); member {copy.index}, a copy of that state, trains on ({rates})")
     return members
+
+
+def anneals(record: Population) -> int:
+    """Plateau decays so far (from the run's record: a resumed run counts the same)."""
+    return sum(1 for r in record.selection_rows if r.get("kind") == "revival" and r.get("reason") == "anneal")
+
+
+def anneal_plateaued(agents: list, narrowing, tournament, record: Population, step: int, max_steps: int,
+                     max_time: float | None, log: Callable[[str], None] | None = None) -> list:
+    """After an evaluation: when the schedule is finished and the members train alone, a member whose held-out
+    fitness has :func:`~evollm.hpo.narrowing.plateaued` since the population last changed (its cut, a swap, a
+    roll-back or an earlier anneal: :func:`fitness_since_change`) trains on with its learning rates times
+    ``narrowing.anneal_lr`` (:func:`scaled_learning_rates`: not below their search range), at most
+    ``narrowing.max_anneals`` times per run. Recorded as a ``revival`` row with ``reason == "anneal"`` (the
+    member stays: the row's ``kept``). Returns the members to train on (the same ones)."""
+    from evollm.hpo.selection import SelectionResult
+
+    if (not narrowing.anneal or not narrowing.finished or not trains_alone(len(agents), tournament)
+            or step >= max_steps or anneals(record) >= narrowing.max_anneals):
+        return agents
+    for agent in agents:
+        if getattr(agent, "quarantined", False):
+            continue
+        fitness = fitness_since_change(record, int(agent.index))
+        if not plateaued(fitness, narrowing.patience):
+            continue
+        changed = scaled_learning_rates(agent, narrowing.anneal_lr)
+        if not changed:  # at the lower end of its range already
+            continue
+        scores = {int(agent.index): fitness[-1]}
+        result = SelectionResult(elite=None, population=list(agents), dropped=[], scores=scores,
+                                 best_index=int(agent.index), protected=[])
+        fraction = budget_fraction(step, max_steps, narrowing.elapsed_s, max_time)
+        record.record_revival(result, step, fraction, math.nan, reason="anneal")
+        if log is not None:
+            rates = ", ".join(f"{n} {old:.3g} -> {new:.3g}" for n, (old, new) in changed.items())
+            log(f"member {agent.index} plateaued at step {step} ({fraction:.0%} of the budget): no new best in its "
+                f"last {narrowing.patience} evaluations (best {max(fitness):.3f}); it trains on at {rates}")
+    return agents
