@@ -62,3 +62,23 @@ class StopAt(Callback):
     def on_step_complete(self, state):
         if state.step == self.step:
             raise KeyboardInterrupt
+
+
+def lone_member_run(narrowing, reward, ckpt=None, resume=False, callbacks=(), max_steps=8, verbose=False):
+    """Two GRPO members (lr 1e-3) on a fresh tiny model, evaluated every step on 8 one-digit sums scored by
+    ``reward``, narrowed by ``narrowing`` (e.g. to one member at step 1): the scene of the rules for a member
+    training alone (stall swap, roll-back, anneal). Checkpoints every step into ``ckpt`` when given."""
+    from evollm.envs.reasoning import ReasoningGym
+    from evollm.recipes.warm_start import load_tiny_model
+    from evollm.tasks import ARITHMETIC_TEMPLATE, arithmetic_dataset
+    from evollm.training.loop import finetune_llm_reasoning
+
+    torch.manual_seed(0)
+    model, tok = load_tiny_model(warm_start=False, seed=0)
+    pop = make_grpo(model, tok, n=2, lr=1e-3)
+    train, test = arithmetic_dataset(n_train=64, n_test=8, digits=(1, 1), seed=0)
+    env = ReasoningGym(train, test, tok, reward, ARITHMETIC_TEMPLATE, data_batch_size_per_gpu=4)
+    return finetune_llm_reasoning(
+        pop, env, max_steps=max_steps, evaluation_interval=1, evo_steps=None, verbose=verbose, seed=0,
+        narrowing=narrowing, callbacks=list(callbacks), checkpoint_dir=ckpt, checkpoint_every=1 if ckpt else None,
+        keep_checkpoints=2, resume=resume)

@@ -4,13 +4,12 @@ optimizer), its settings, and exact resume."""
 
 import pytest
 import torch
-from conftest import StopAt, make_grpo
+from conftest import StopAt, lone_member_run
 
 from evollm.hpo import Narrowing
 from evollm.hpo.narrowing import plateaued, stalled
 from evollm.run import list_checkpoints
 from evollm.training.callbacks import Callback
-from evollm.training.loop import finetune_llm_reasoning
 
 
 def test_plateaued_by_hand():
@@ -56,22 +55,10 @@ class _ZeroAfter(Callback):
 
 
 def _run(ckpt=None, resume=False, callbacks=(), anneal=True, max_anneals=2, verbose=False):
-    from evollm.envs.reasoning import ReasoningGym
-    from evollm.recipes.warm_start import load_tiny_model
-    from evollm.tasks import ARITHMETIC_TEMPLATE, arithmetic_dataset
-
     PHASE["zero"] = resume  # a resumed run starts after step 2
-    torch.manual_seed(0)
-    model, tok = load_tiny_model(warm_start=False, seed=0)
-    pop = make_grpo(model, tok, n=2, lr=1e-3)
-    train, test = arithmetic_dataset(n_train=64, n_test=8, digits=(1, 1), seed=0)
-    env = ReasoningGym(train, test, tok, _reward, ARITHMETIC_TEMPLATE, data_batch_size_per_gpu=4)
-    return finetune_llm_reasoning(
-        pop, env, max_steps=8, evaluation_interval=1, evo_steps=None, verbose=verbose, seed=0,
-        narrowing=Narrowing(at=(0.1,), keep=0.5, min_size=1, revive=False, rollback=False, patience=2,
-                            anneal=anneal, max_anneals=max_anneals),
-        callbacks=[_ZeroAfter(2), *callbacks], checkpoint_dir=ckpt, checkpoint_every=1 if ckpt else None,
-        keep_checkpoints=2, resume=resume)
+    narrowing = Narrowing(at=(0.1,), keep=0.5, min_size=1, revive=False, rollback=False, patience=2, anneal=anneal,
+                          max_anneals=max_anneals)
+    return lone_member_run(narrowing, _reward, ckpt, resume, [_ZeroAfter(2), *callbacks], verbose=verbose)
 
 
 def test_a_member_whose_fitness_stops_rising_trains_on_at_half_the_rate(capsys):

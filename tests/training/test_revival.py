@@ -6,14 +6,13 @@ import math
 
 import pytest
 import torch
-from conftest import StopAt, make_grpo
+from conftest import StopAt, lone_member_run
 
 from evollm.hpo import Narrowing
 from evollm.hpo.narrowing import stalled
 from evollm.run import list_checkpoints
 from evollm.run.population import Population
 from evollm.run.reserve import Reserve
-from evollm.training.loop import finetune_llm_reasoning
 
 
 def test_stalled_by_hand():
@@ -69,20 +68,8 @@ def _zero(completion, answer, question=""):
 
 
 def _run(ckpt=None, resume=False, callbacks=(), revive=True, max_steps=8, verbose=False, reward=_zero, patience=2):
-    from evollm.envs.reasoning import ReasoningGym
-    from evollm.recipes.warm_start import load_tiny_model
-    from evollm.tasks import ARITHMETIC_TEMPLATE, arithmetic_dataset
-
-    torch.manual_seed(0)
-    model, tok = load_tiny_model(warm_start=False, seed=0)
-    pop = make_grpo(model, tok, n=2, lr=1e-3)
-    train, test = arithmetic_dataset(n_train=64, n_test=8, digits=(1, 1), seed=0)
-    env = ReasoningGym(train, test, tok, reward, ARITHMETIC_TEMPLATE, data_batch_size_per_gpu=4)
-    return finetune_llm_reasoning(
-        pop, env, max_steps=max_steps, evaluation_interval=1, evo_steps=None, verbose=verbose, seed=0,
-        narrowing=Narrowing(at=(0.1,), keep=0.5, min_size=1, revive=revive, patience=patience),
-        callbacks=callbacks, checkpoint_dir=ckpt, checkpoint_every=1 if ckpt else None, keep_checkpoints=2,
-        resume=resume)
+    return lone_member_run(Narrowing(at=(0.1,), keep=0.5, min_size=1, revive=revive, patience=patience), reward,
+                           ckpt, resume, callbacks, max_steps, verbose)
 
 
 def test_a_stalled_member_gives_its_place_to_the_reserve_once(capsys):

@@ -6,13 +6,12 @@ import math
 
 import pytest
 import torch
-from conftest import StopAt, make_grpo
+from conftest import StopAt, lone_member_run, make_grpo
 
 from evollm.hpo import HyperparameterConfig, Narrowing, RLParameter
 from evollm.hpo.narrowing import declined
 from evollm.run import list_checkpoints
 from evollm.training.callbacks import Callback
-from evollm.training.loop import finetune_llm_reasoning
 from evollm.training.revival import scaled_learning_rates
 
 
@@ -89,22 +88,10 @@ class _ZeroAfter(Callback):
 
 
 def _run(ckpt=None, resume=False, callbacks=(), rollback=True, max_rollbacks=2, verbose=False, decline_se=1.5):
-    from evollm.envs.reasoning import ReasoningGym
-    from evollm.recipes.warm_start import load_tiny_model
-    from evollm.tasks import ARITHMETIC_TEMPLATE, arithmetic_dataset
-
     PHASE["zero"] = resume  # a resumed run starts after step 2
-    torch.manual_seed(0)
-    model, tok = load_tiny_model(warm_start=False, seed=0)
-    pop = make_grpo(model, tok, n=2, lr=1e-3)
-    train, test = arithmetic_dataset(n_train=64, n_test=8, digits=(1, 1), seed=0)
-    env = ReasoningGym(train, test, tok, _reward, ARITHMETIC_TEMPLATE, data_batch_size_per_gpu=4)
-    return finetune_llm_reasoning(
-        pop, env, max_steps=8, evaluation_interval=1, evo_steps=None, verbose=verbose, seed=0,
-        narrowing=Narrowing(at=(0.1,), keep=0.5, min_size=1, revive=False, patience=2, rollback=rollback,
-                            max_rollbacks=max_rollbacks, decline_se=decline_se),
-        callbacks=[_ZeroAfter(2), *callbacks], checkpoint_dir=ckpt, checkpoint_every=1 if ckpt else None,
-        keep_checkpoints=2, resume=resume)
+    narrowing = Narrowing(at=(0.1,), keep=0.5, min_size=1, revive=False, patience=2, rollback=rollback,
+                          max_rollbacks=max_rollbacks, decline_se=decline_se)
+    return lone_member_run(narrowing, _reward, ckpt, resume, [_ZeroAfter(2), *callbacks], verbose=verbose)
 
 
 def _adapter(agent):
