@@ -79,10 +79,11 @@ def declined(fitness: Sequence[float], best: float, patience: int = STALL_PATIEN
     return sum(recent) / len(recent) < float(best) - margin
 
 
-def plateaued(fitness: Sequence[float], patience: int = STALL_PATIENCE) -> bool:
+def plateaued(fitness: Sequence[float], patience: int = STALL_PATIENCE, start: float = -math.inf) -> bool:
     """Whether a member's held-out fitness has stopped rising: none of its last ``patience`` evaluations
     (``fitness``, oldest first) is above its best before them (at least one evaluation before them; an
-    unmeasured one, NaN, decides nothing).
+    unmeasured one, NaN, decides nothing), and that best is above ``start`` (the level the run started from:
+    a member whose greedy play has not yet changed is not on a plateau, it has not begun).
 
     >>> plateaued([0.69, 0.68, 0.66, 0.68])  # 0.69 not beaten in three evaluations
     True
@@ -90,12 +91,14 @@ def plateaued(fitness: Sequence[float], patience: int = STALL_PATIENCE) -> bool:
     False
     >>> plateaued([0.69, 0.68, 0.66])  # not yet patience + 1 evaluations
     False
+    >>> plateaued([0.26, 0.26, 0.26, 0.26], start=0.26)  # still at the starting level
+    False
     """
     fitness = [float(f) for f in fitness]
     if len(fitness) <= patience:
         return False
     before, recent = fitness[:-patience], fitness[-patience:]
-    return not any(math.isnan(f) for f in recent) and max(recent) <= max(before)
+    return not any(math.isnan(f) for f in recent) and max(recent) <= max(before) and max(before) > float(start)
 
 
 def stalled(fitness: Sequence[float], no_signal: Sequence[bool], patience: int = STALL_PATIENCE,
@@ -194,7 +197,8 @@ class Narrowing:
             0.40-0.52; benchmarks/README.md).
         anneal: when a member training alone (the schedule finished, selection stopped) has :func:`plateaued`
             (``patience`` evaluations without a new best since it was last chosen or changed), multiply its learning
-            rates by ``anneal_lr`` in place (not below their search range), at most ``max_anneals`` times per
+            rates by ``anneal_lr`` in place (not below their search range; only once its best is above the run's
+            first evaluation, the median over the members), at most ``max_anneals`` times per
             run: PBT's explore step downwards, on the one member left, as a learning-rate schedule reduces on a
             plateau. Default ``False``. Why: the first cuts keep the member whose score rises fastest, often a
             rate that then scores noisily around a plateau below what a lower rate reaches (REINFORCE on the

@@ -15,6 +15,7 @@ place of a member training alone that has fallen away from it (``hpo.narrowing.r
 from __future__ import annotations
 
 import math
+import statistics
 from typing import Callable, Sequence
 
 from evollm.hpo.defaults import DEFAULT_EVOLVED, LEARNING_RATES
@@ -233,6 +234,16 @@ def _roll_back(agents, member, fitness, kept, record, step, max_steps, max_time,
     return members
 
 
+def starting_fitness(record: Population) -> float:
+    """The level a run started from: the median held-out fitness of its first evaluation (every member then
+    had trained ``evaluation_interval`` steps); -inf before any."""
+    if not record.rows:
+        return -math.inf
+    first = min(int(r["step"]) for r in record.rows)
+    values = [float(r["fitness"]) for r in record.rows if int(r["step"]) == first and not math.isnan(float(r["fitness"]))]
+    return statistics.median(values) if values else -math.inf
+
+
 def anneals(record: Population) -> int:
     """Plateau decays so far (from the run's record: a resumed run counts the same)."""
     return sum(1 for r in record.selection_rows if r.get("kind") == "revival" and r.get("reason") == "anneal")
@@ -242,7 +253,8 @@ def anneal_plateaued(agents: list, narrowing, tournament, record: Population, st
                      max_time: float | None, log: Callable[[str], None] | None = None) -> list:
     """After an evaluation: when the schedule is finished and the members train alone, a member whose held-out
     fitness has :func:`~evollm.hpo.narrowing.plateaued` since the population last changed (its cut, a swap, a
-    roll-back or an earlier anneal: :func:`fitness_since_change`) trains on with its learning rates times
+    roll-back or an earlier anneal: :func:`fitness_since_change`), above the level the run started from
+    (:func:`starting_fitness`), trains on with its learning rates times
     ``narrowing.anneal_lr`` (:func:`scaled_learning_rates`: not below their search range), at most
     ``narrowing.max_anneals`` times per run. Recorded as a ``revival`` row with ``reason == "anneal"`` (the
     member stays: the row's ``kept``). Returns the members to train on (the same ones)."""
@@ -255,7 +267,7 @@ def anneal_plateaued(agents: list, narrowing, tournament, record: Population, st
         if getattr(agent, "quarantined", False):
             continue
         fitness = fitness_since_change(record, int(agent.index))
-        if not plateaued(fitness, narrowing.patience):
+        if not plateaued(fitness, narrowing.patience, start=starting_fitness(record)):
             continue
         changed = scaled_learning_rates(agent, narrowing.anneal_lr)
         if not changed:  # at the lower end of its range already

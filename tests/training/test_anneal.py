@@ -35,37 +35,41 @@ def test_narrowing_rejects_bad_anneal_settings():
     assert (n.anneal, n.anneal_lr, n.max_anneals) == (False, 0.5, 2)
 
 
-PHASE = {"zero": False}
+PHASE = {"scale": 1.0}
 
 
 def _reward(completion, answer, question=""):
-    return 0.0 if PHASE["zero"] else 1.0 + float(len(completion) % 3)
+    return PHASE["scale"] * (1.0 + float(len(completion) % 3))
 
 
-class _ZeroAfter(Callback):
-    """Every reward is zero after the evaluation of step ``step``: the survivor's fitness is 0 from then on, below
-    what it scored at ``step``, so it no longer rises."""
+class _Phases(Callback):
+    """The reward's scale by evaluation: ``scales[k]`` from the evaluation of step ``k`` on (the run starts at
+    ``scales[0]``; the last one holds after). With :data:`RISE_AND_FALL` the survivor rises above the run's first
+    evaluation, stops rising, rises again and stops again."""
 
-    def __init__(self, step):
-        self.step = step
+    def __init__(self, scales):
+        self.scales = scales
 
     def on_evaluation(self, state, fitness):
-        if state.step >= self.step:
-            PHASE["zero"] = True
+        PHASE["scale"] = self.scales[min(state.step, len(self.scales) - 1)]
 
 
-def _run(ckpt=None, resume=False, callbacks=(), anneal=True, max_anneals=2, verbose=False):
-    PHASE["zero"] = resume  # a resumed run starts after step 2
+#: scores by evaluation: 0.5 at step 1, 1.0 at step 2, 0 at steps 3-4, 1.0 at step 5, 0 after
+RISE_AND_FALL = (0.5, 1.0, 0.0, 0.0, 1.0, 0.0)
+
+
+def _run(ckpt=None, resume=False, callbacks=(), anneal=True, max_anneals=2, verbose=False, scales=RISE_AND_FALL):
+    PHASE["scale"] = scales[-1] if resume else scales[0]  # a resumed run starts after step 5
     narrowing = Narrowing(at=(0.1,), keep=0.5, min_size=1, revive=False, rollback=False, patience=2, anneal=anneal,
                           max_anneals=max_anneals)
-    return lone_member_run(narrowing, _reward, ckpt, resume, [_ZeroAfter(2), *callbacks], verbose=verbose)
+    return lone_member_run(narrowing, _reward, ckpt, resume, [_Phases(scales), *callbacks], verbose=verbose)
 
 
 def test_a_member_whose_fitness_stops_rising_trains_on_at_half_the_rate(capsys):
-    """Two members, cut to one at step 1. After step 2 every reward is zero: the survivor scores 0 at steps 3
-    and 4, below its 2nd-step score (patience 2), so at step 4 its rate halves (1e-3 -> 5e-4) in place, and
-    again at step 7 (three evaluations after the first anneal: one to stand on, two without a new best); with
-    max_anneals 2 it trains on at 2.5e-4 to the end. The same member all along, its optimizer at the new rate."""
+    """Two members, cut to one at step 1 (both score 0.5 there). The survivor scores 1.0 at step 2, then 0 at steps
+    3 and 4 (patience 2): at step 4 its rate halves (1e-3 -> 5e-4) in place. It scores 1.0 again at step 5 and 0
+    at steps 6 and 7: at step 7 it halves again; with max_anneals 2 it trains on at 2.5e-4 to the end. The same
+    member all along, its optimizer at the new rate."""
     agents, record = _run(verbose=True)
     sel = record.selections()
     survivor = int(sel[sel["kind"] == "narrowing"].iloc[0]["kept"])
@@ -79,6 +83,16 @@ def test_a_member_whose_fitness_stops_rising_trains_on_at_half_the_rate(capsys):
     out = capsys.readouterr().out
     line = next(x for x in out.splitlines() if "plateaued at step 4" in x)
     assert f"member {survivor} plateaued" in line and "lr 0.001 -> 0.0005" in line
+
+
+def test_a_member_that_has_not_risen_above_the_start_is_not_annealed():
+    """A fall to zero after step 2, but the survivor's score before it (step 2) is no higher than the run's first
+    evaluation (step 1): it never rose, so it is not on a plateau (a game's greedy play that has not changed yet
+    scores the base model's fitness evaluation after evaluation)."""
+    agents, record = _run(scales=(1.0, 1.0, 0.0))
+    assert "revival" not in set(record.selections()["kind"]) and agents[0].get_hyperparameter("lr") == 1e-3
+    from evollm.training.revival import starting_fitness
+    assert starting_fitness(record) == pytest.approx(record.report().query("step == 1")["fitness"].median())
 
 
 def test_without_anneal_the_rate_stays():
