@@ -240,7 +240,8 @@ def starting_fitness(record: Population) -> float:
     if not record.rows:
         return -math.inf
     first = min(int(r["step"]) for r in record.rows)
-    values = [float(r["fitness"]) for r in record.rows if int(r["step"]) == first and not math.isnan(float(r["fitness"]))]
+    values = [float(r["fitness"]) for r in record.rows if int(r["step"]) == first]
+    values = [v for v in values if not math.isnan(v)]
     return statistics.median(values) if values else -math.inf
 
 
@@ -264,7 +265,7 @@ def anneal_plateaued(agents: list, narrowing, tournament, record: Population, st
             or step >= max_steps or anneals(record) >= narrowing.max_anneals):
         return agents
     for agent in agents:
-        if getattr(agent, "quarantined", False):
+        if getattr(agent, "quarantined", False) or anneals(record) >= narrowing.max_anneals:
             continue
         fitness = fitness_since_change(record, int(agent.index))
         if not plateaued(fitness, narrowing.patience, start=starting_fitness(record)):
