@@ -314,9 +314,9 @@ def test_default_narrowing_applies_to_evolving_populations_only():
     tie = build_narrowing(load({**EVO, **eight}, ["hpo.narrowing.on_tie=one_rung", "hpo.narrowing.tiebreak=reward"]))
     assert (tie.on_tie, tie.tiebreak, tie.tie_se) == ("one_rung", "reward", 0.0)
     assert build_narrowing(load({**EVO, **eight}, ["hpo.narrowing.tie_se=1"])).tie_se == 1.0
-    assert (narrowing.anneal, narrowing.anneal_lr, narrowing.max_anneals) == (False, 0.5, 2)
-    on = build_narrowing(load({**EVO, **eight}, ["hpo.narrowing.anneal=true", "hpo.narrowing.anneal_lr=0.3"]))
-    assert (on.anneal, on.anneal_lr, on.max_anneals) == (True, 0.3, 2)
+    assert (narrowing.anneal, narrowing.anneal_lr, narrowing.max_anneals) == (True, 0.5, 2)
+    off = build_narrowing(load({**EVO, **eight}, ["hpo.narrowing.anneal=false", "hpo.narrowing.anneal_lr=0.3"]))
+    assert (off.anneal, off.anneal_lr, off.max_anneals) == (False, 0.3, 2)
     with pytest.raises(ConfigError, match=r"^hpo.narrowing: Narrowing.max_anneals must be >= 0, got -1$"):
         load({**EVO, **eight}, ["hpo.narrowing.max_anneals=-1"])
     with pytest.raises(ConfigError, match=r"^hpo.narrowing: Narrowing.tie_se must be >= 0 standard errors, got -0.5$"):

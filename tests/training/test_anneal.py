@@ -32,7 +32,7 @@ def test_narrowing_rejects_bad_anneal_settings():
         with pytest.raises(ValueError, match=message):
             Narrowing(**kwargs)
     n = Narrowing()
-    assert (n.anneal, n.anneal_lr, n.max_anneals) == (False, 0.5, 2)
+    assert (n.anneal, n.anneal_lr, n.max_anneals) == (True, 0.5, 2)
 
 
 PHASE = {"scale": 1.0}
