@@ -134,9 +134,10 @@ def rescue_quarantined(agents: list, narrowing, record: Population, step: int, m
     return [member]
 
 
-def rollbacks(record: Population) -> int:
-    """Roll-backs so far (from the run's record: a resumed run counts the same)."""
-    return sum(1 for r in record.selection_rows if r.get("kind") == "revival" and r.get("reason") == "rollback")
+def revivals(record: Population, reason: str) -> int:
+    """``revival`` rows of ``reason`` so far (``"rollback"``, ``"anneal"``, ...), from the run's record: a resumed
+    run counts the same."""
+    return sum(1 for r in record.selection_rows if r.get("kind") == "revival" and r.get("reason") == reason)
 
 
 def scaled_learning_rates(agent, factor: float, fell=None) -> dict[str, tuple[float, float]]:
@@ -176,7 +177,7 @@ def roll_back_declined(agents: list, narrowing, tournament, record: Population, 
     kept = getattr(record, "kept", None)
     if (not narrowing.rollback or kept is None or kept.member is None or not narrowing.finished
             or not trains_alone(len(agents), tournament) or step >= max_steps
-            or rollbacks(record) >= narrowing.max_rollbacks):
+            or revivals(record, "rollback") >= narrowing.max_rollbacks):
         return agents
     if kept.step is None or kept.step < last_cut(record):  # another member's best: not this one's to match
         return agents
@@ -245,11 +246,6 @@ def starting_fitness(record: Population) -> float:
     return statistics.median(values) if values else -math.inf
 
 
-def anneals(record: Population) -> int:
-    """Plateau decays so far (from the run's record: a resumed run counts the same)."""
-    return sum(1 for r in record.selection_rows if r.get("kind") == "revival" and r.get("reason") == "anneal")
-
-
 def anneal_plateaued(agents: list, narrowing, tournament, record: Population, step: int, max_steps: int,
                      max_time: float | None, log: Callable[[str], None] | None = None) -> list:
     """After an evaluation: when the schedule is finished and the members train alone, a member whose held-out
@@ -262,13 +258,14 @@ def anneal_plateaued(agents: list, narrowing, tournament, record: Population, st
     from evollm.hpo.selection import SelectionResult
 
     if (not narrowing.anneal or not narrowing.finished or not trains_alone(len(agents), tournament)
-            or step >= max_steps or anneals(record) >= narrowing.max_anneals):
+            or step >= max_steps or revivals(record, "anneal") >= narrowing.max_anneals):
         return agents
+    start = starting_fitness(record)
     for agent in agents:
-        if getattr(agent, "quarantined", False) or anneals(record) >= narrowing.max_anneals:
+        if getattr(agent, "quarantined", False) or revivals(record, "anneal") >= narrowing.max_anneals:
             continue
         fitness = fitness_since_change(record, int(agent.index))
-        if not plateaued(fitness, narrowing.patience, start=starting_fitness(record)):
+        if not plateaued(fitness, narrowing.patience, start=start):
             continue
         changed = scaled_learning_rates(agent, narrowing.anneal_lr)
         if not changed:  # at the lower end of its range already

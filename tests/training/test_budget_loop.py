@@ -70,7 +70,7 @@ def test_a_tied_ranking_with_one_rung_on_ties_narrows_one_milestone_at_a_time(ca
     first = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("narrowing at step 2"))
     assert "2 more milestone(s) wait for the next ranking" in first
     _, record = _run(narrowing=Narrowing(at=(0.1, 0.2, 0.3), keep=0.5, on_tie="one_rung", tie_se=1.0), verbose=True)
-    rows = record.selections().query("kind == 'narrowing'")  # the loop hands the cut its standard errors
+    rows = record.selections().query("kind == 'narrowing'")  # every score alike: tied whatever the errors
     assert [(int(r.step), int(r.size_before), int(r.size_after)) for r in rows.itertuples()] == [(2, 4, 2), (4, 2, 1)]
     first = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("narrowing at step 2"))
     assert "the cut fell between scores within 1 standard errors" in first
