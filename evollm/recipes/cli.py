@@ -220,10 +220,7 @@ def run(cfg, resume: bool, quiet: bool = False, member_values: dict | None = Non
     reserve = population.reserve  # hpo.narrowing.revive: it replaced a stalled or quarantined member
     if reserve is not None and (reserve.swapped or reserve.used_up):
         summary["reserve"] = reserve.info()
-    rollbacks = [{"step": int(r["step"]), "fell": int(r["dropped"]), "copy": int(r["kept"])}
-                 for r in population.selection_rows if r.get("reason") == "rollback"]  # hpo.narrowing.rollback
-    if rollbacks:
-        summary["rollbacks"] = rollbacks
+    summary.update(population.revival_events())  # hpo.narrowing.rollback and .anneal
     report = population.report()
     kept = summary.get("best_state")  # the kept state descends from its source member
     search = search_cost(population.lineage(), population.metrics(), kept["source"] if kept else best.index,

@@ -130,13 +130,15 @@ class Population:
                             deferred=int(deferred))
         self.members = list(result.population)
 
-    def record_revival(self, result, step: int, fraction: float, no_signal: float, reason: str = "stall") -> None:
+    def record_revival(self, result, step: int, fraction: float, no_signal: float, reason: str = "stall",
+                       rates: str | None = None) -> None:
         """The reserve took over (``hpo.narrowing.revive``): ``reason == "stall"``: ``result.dropped`` (the
         stalled member, parked) gave its place to the reserve in ``result.population``, ``no_signal`` the
         share of its recent steps that had no learning signal; ``"quarantine"``: every member in
-        ``result.dropped`` was quarantined (released) and the parked member trains on."""
+        ``result.dropped`` was quarantined (released) and the parked member trains on; ``"anneal"``: the member
+        kept trains on at the learning rates ``rates`` describes (``"lr 0.001 -> 0.0005"``)."""
         self._selection_row("revival", result, step, None, "last", budget_fraction=float(fraction),
-                            no_signal=float(no_signal), reason=reason)
+                            no_signal=float(no_signal), reason=reason, rates=rates)
         self.members = list(result.population)
 
     def record_rollback(self, result, step: int, fraction: float, copy, parent: int,
@@ -146,7 +148,8 @@ class Population:
         ``parent`` with its learning rates ``changed`` (``{name: (old, new)}``): a ``revival`` row with
         ``reason == "rollback"`` and a lineage row."""
         self._selection_row("revival", result, step, None, "last", budget_fraction=float(fraction),
-                            no_signal=math.nan, reason="rollback")
+                            no_signal=math.nan, reason="rollback",
+                            rates=describe_rates(changed))
         old, new = {k: v[0] for k, v in changed.items()} or None, {k: v[1] for k, v in changed.items()} or None
         if len(changed) == 1:  # one rate: plain numbers, as a mutation of one name records them
             (old, new), = changed.values()
@@ -154,6 +157,17 @@ class Population:
                                  mutation_kind="rollback", old_value=old, new_value=new,
                                  hyperparameters=_hyperparameters(copy), default_founder=_default_founder(copy)))
         self.members = list(result.population)
+
+    def revival_events(self) -> dict[str, list[dict]]:
+        """What ``summary.json`` lists of the lone member's roll-backs and anneals (``hpo.narrowing``):
+        ``{"rollbacks": [{"step", "fell", "copy", "rates"}], "anneals": [{"step", "member", "rates"}]}``, each list
+        only when not empty."""
+        rows = [r for r in self.selection_rows if r.get("kind") == "revival"]
+        out = {"rollbacks": [{"step": int(r["step"]), "fell": int(r["dropped"]), "copy": int(r["kept"]),
+                              "rates": r.get("rates") or ""} for r in rows if r.get("reason") == "rollback"],
+               "anneals": [{"step": int(r["step"]), "member": int(r["kept"]), "rates": r.get("rates") or ""}
+                           for r in rows if r.get("reason") == "anneal"]}
+        return {k: v for k, v in out.items() if v}
 
     def _selection_row(self, kind: str, result, step: int, stderr: dict[int, float] | None, source: str,
                        **extra) -> None:
@@ -330,8 +344,17 @@ SELECTION_DTYPES = {"step": "int64", "generation": "int64", "kind": "string", "s
                     "size_before": "int64", "size_after": "int64", "best": "Int64", "spread": "float64",
                     "stderr": "float64", "snr": "float64", "kept": "string", "dropped": "string",
                     "scores": "string", "protected": "string", "budget_fraction": "float64", "tied": "boolean",
-                    "deferred": "Int64", "no_signal": "float64", "reason": "string"}
+                    "deferred": "Int64", "no_signal": "float64", "reason": "string", "rates": "string"}
 METRICS_DTYPES = {"step": "int64", "generation": "int64", "member": "int64", "gen_tokens": "Int64"}
+
+
+def describe_rates(changed: dict[str, tuple[float, float]]) -> str:
+    """``{name: (old, new)}`` as one line, e.g. ``"lr 0.001 -> 0.0005"`` ("" when nothing changed).
+
+    >>> describe_rates({"lr_actor": (3e-4, 1.5e-4), "lr_critic": (1e-3, 5e-4)})
+    'lr_actor 0.0003 -> 0.00015, lr_critic 0.001 -> 0.0005'
+    """
+    return ", ".join(f"{n} {old:.3g} -> {new:.3g}" for n, (old, new) in changed.items())
 
 
 def typed(frame: pd.DataFrame, dtypes: dict[str, str]) -> pd.DataFrame:

@@ -137,7 +137,7 @@ def summarize(run: RunFiles) -> str:
 def held_outside(summary: dict, member: int) -> list[str]:
     """What ``summary.json`` says of the members held outside the population: the kept best state
     (``train.keep_best``, ``hpo.narrowing.rollback``) and the reserve (``hpo.narrowing.revive``), the
-    roll-backs, and which member ``best_member/``
+    roll-backs, the anneals (``hpo.narrowing.anneal``), and which member ``best_member/``
     holds when it is not ``member`` (the best of the last evaluation)."""
     out = []
     kept = summary.get("best_state")
@@ -152,8 +152,12 @@ def held_outside(summary: dict, member: int) -> list[str]:
         out.append(f"  every live member was quarantined at step {reserve['rescued_step']}: the reserve, member "
                    f"{reserve['rescued']}, trained on in their place")
     for r in summary.get("rollbacks") or []:
+        rates = f" ({r['rates']})" if r.get("rates") else ""
         out.append(f"  roll-back at step {r['step']}: member {r['fell']} fell away from the best state; member "
-                   f"{r['copy']}, a copy of it at a lower learning rate, trained on (hpo.narrowing.rollback)")
+                   f"{r['copy']}, a copy of it at a lower learning rate{rates}, trained on (hpo.narrowing.rollback)")
+    for r in summary.get("anneals") or []:
+        out.append(f"  anneal at step {r['step']}: member {r['member']} stopped improving and trained on at "
+                   f"{r.get('rates') or 'a lower learning rate'} (hpo.narrowing.anneal)")
     chosen = summary.get("best_member")
     if chosen is not None and int(chosen) != int(member):
         out.append(f"  best_member/ holds member {chosen}: measured strictly better than every live member")

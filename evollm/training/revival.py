@@ -20,7 +20,7 @@ from typing import Callable, Sequence
 
 from evollm.hpo.defaults import DEFAULT_EVOLVED, LEARNING_RATES
 from evollm.hpo.narrowing import budget_fraction, declined, plateaued, stalled
-from evollm.run.population import Population
+from evollm.run.population import Population, describe_rates
 from .quarantine import healthy
 
 #: the ``learn_path`` metric of a step whose update had no learning signal (every advantage zero)
@@ -228,10 +228,10 @@ def _roll_back(agents, member, fitness, kept, record, step, max_steps, max_time,
     record.record_rollback(result, step, fraction, copy, parent=int(kept.source), changed=changed)
     member.release()
     if log is not None:
-        rates = ", ".join(f"{n} {old:.3g} -> {new:.3g}" for n, (old, new) in changed.items()) or "learning rate unchanged"
         log(f"member {member.index} fell away at step {step} ({fraction:.0%} of the budget): mean fitness "
             f"{scores[int(member.index)]:.3f} over its last {len(recent)} evaluations, the best state {kept.fitness:.3f} "
-            f"(member {kept.source} at step {kept.step}); member {copy.index}, a copy of that state, trains on ({rates})")
+            f"(member {kept.source} at step {kept.step}); member {copy.index}, a copy of that state, trains on "
+            f"({describe_rates(changed) or 'learning rate unchanged'})")
     return members
 
 
@@ -274,9 +274,8 @@ def anneal_plateaued(agents: list, narrowing, tournament, record: Population, st
         result = SelectionResult(elite=None, population=list(agents), dropped=[], scores=scores,
                                  best_index=int(agent.index), protected=[])
         fraction = budget_fraction(step, max_steps, narrowing.elapsed_s, max_time)
-        record.record_revival(result, step, fraction, math.nan, reason="anneal")
+        record.record_revival(result, step, fraction, math.nan, reason="anneal", rates=describe_rates(changed))
         if log is not None:
-            rates = ", ".join(f"{n} {old:.3g} -> {new:.3g}" for n, (old, new) in changed.items())
             log(f"member {agent.index} plateaued at step {step} ({fraction:.0%} of the budget): no new best in its "
-                f"last {narrowing.patience} evaluations (best {max(fitness):.3f}); it trains on at {rates}")
+                f"last {narrowing.patience} evaluations (best {max(fitness):.3f}); it trains on at {describe_rates(changed)}")
     return agents

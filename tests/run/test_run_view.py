@@ -260,10 +260,13 @@ def test_the_report_says_what_was_held_outside_the_population():
     assert held_outside({"best_member": 3}, 3) == []
     lines = held_outside({"best_member": 12, "best_state": {"member": 12, "source": 4, "step": 30, "fitness": 0.75},
                           "reserve": {"member": 5, "swapped_step": 40, "revived": 7, "rescued_step": None},
-                          "rollbacks": [{"step": 60, "fell": 7, "copy": 13}]}, 7)
+                          "rollbacks": [{"step": 60, "fell": 7, "copy": 13}],
+                          "anneals": [{"step": 80, "member": 13, "rates": "lr 0.0004 -> 0.0002"}]}, 7)
     assert lines == ["  kept best state: member 4 as it was at step 30 (fitness 0.7500)",
                      "  stall swap at step 40: the reserve, member 7, trained on in place of the stalled member "
                      "(hpo.narrowing.revive)",
                      "  roll-back at step 60: member 7 fell away from the best state; member 13, a copy of it at a "
                      "lower learning rate, trained on (hpo.narrowing.rollback)",
+                     "  anneal at step 80: member 13 stopped improving and trained on at lr 0.0004 -> 0.0002 "
+                     "(hpo.narrowing.anneal)",
                      "  best_member/ holds member 12: measured strictly better than every live member"]

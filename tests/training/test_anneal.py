@@ -76,6 +76,9 @@ def test_a_member_whose_fitness_stops_rising_trains_on_at_half_the_rate(capsys):
     rows = sel[sel["kind"] == "revival"]
     assert list(rows["reason"]) == ["anneal", "anneal"] and list(rows["step"]) == [4, 7]
     assert [int(k) for k in rows["kept"]] == [survivor, survivor] and set(rows["dropped"]) == {""}
+    assert list(rows["rates"]) == ["lr 0.001 -> 0.0005", "lr 0.0005 -> 0.00025"]
+    assert record.revival_events() == {"anneals": [{"step": 4, "member": survivor, "rates": "lr 0.001 -> 0.0005"},
+                                                   {"step": 7, "member": survivor, "rates": "lr 0.0005 -> 0.00025"}]}
     assert [a.index for a in agents] == [survivor]
     assert agents[0].get_hyperparameter("lr") == pytest.approx(2.5e-4)
     group = next(g for g in agents[0].optimizer.param_groups if g.get("name") == "actor")

@@ -131,6 +131,12 @@ def test_a_member_that_falls_away_rolls_back_to_the_best_state_at_half_the_rate(
     assert int(rows.iloc[0]["dropped"]) == survivor and int(rows.iloc[1]["dropped"]) == first
     assert [a.index for a in agents] == [second]
     assert agents[0].get_hyperparameter("lr") == pytest.approx(2.5e-4)
+    # the copy of the kept state (lr 1e-3) at half the lower of its rate and the fallen member's
+    assert list(rows["rates"]) == ["lr 0.001 -> 0.0005", "lr 0.001 -> 0.00025"]  # summary.json lists them
+    assert record.revival_events()["rollbacks"] == [{"step": 4, "fell": survivor, "copy": first,
+                                                     "rates": "lr 0.001 -> 0.0005"},
+                                                    {"step": 6, "fell": first, "copy": second,
+                                                     "rates": "lr 0.001 -> 0.00025"}]
     group = next(g for g in agents[0].optimizer.param_groups if g.get("name") == "actor")
     assert group["lr"] == pytest.approx(2.5e-4)
     (live, live_moments, live_id), (best, best_moments, _) = snapshot.seen["live"], snapshot.seen["kept"]

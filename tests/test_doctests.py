@@ -1,0 +1,14 @@
+"""The examples in the library's docstrings are run, so what they show stays true."""
+
+import doctest
+import importlib
+
+import pytest
+
+MODULES = ("evollm.hpo.narrowing", "evollm.hpo.selection", "evollm.run.population", "evollm.run.search")
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_docstring_examples(name):
+    result = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS)
+    assert result.attempted > 0 and result.failed == 0
