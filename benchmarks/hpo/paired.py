@@ -3,8 +3,9 @@ setting changed (``--evo-set``) against evollm as it is, run side by side into t
 
     python -m benchmarks.hpo.paired A_DIR[:ARM] B_DIR[:ARM] [--checkpoints 4]
 
-prints, over the seeds both hold, A − B at each report checkpoint (paired mean ± se, ahead / behind), the
-steps each made, and the hyperparameters A returned. ARM defaults to evollm.
+prints, over the seeds both hold, A − B at each report checkpoint (paired mean ± se, ahead / behind), A − B at
+each run's last checkpoint whatever its budget (A given half B's budget: does A reach B's final score in half
+its compute?), the steps each made, and the hyperparameters A returned. ARM defaults to evollm.
 """
 
 from __future__ import annotations
@@ -37,6 +38,12 @@ def compare(a: dict[int, dict], b: dict[int, dict], checkpoints: int) -> list[st
         ahead, behind = sum(d > 1e-9 for d in diffs), sum(d < -1e-9 for d in diffs)
         lines.append(f"at {k + 1}/{checkpoints} of the budget: A − B {fmt_diff(*mean_se(diffs))} "
                      f"(A ahead {ahead}, behind {behind}, of {len(diffs)})")
+    finals = [a[s]["checkpoints"][-1]["score"] - b[s]["checkpoints"][-1]["score"] for s in seeds
+              if a[s]["checkpoints"] and b[s]["checkpoints"]]
+    budgets = " against ".join(f"{sorted({r.get('budget_cpu_s') for r in runs.values()})}" for runs in
+                               ({s: a[s] for s in seeds}, {s: b[s] for s in seeds}))
+    lines.append(f"each run's last checkpoint (budgets {budgets} s): A − B {fmt_diff(*mean_se(finals))} (A ahead "
+                 f"{sum(d > 1e-9 for d in finals)}, behind {sum(d < -1e-9 for d in finals)}, of {len(finals)})")
     lines.append("finals A / B: " + ", ".join(f"{s}: {ca[s][-1]:.3f}/{cb[s][-1]:.3f}" for s in seeds
                                               if ca[s][-1] is not None and cb[s][-1] is not None))
     lines.append("steps A / B: " + ", ".join(f"{a[s]['steps']}/{b[s]['steps']}" for s in seeds))

@@ -162,6 +162,16 @@ def test_two_parts_directories_are_compared_seed_by_seed(tmp_path):
     assert lines[2] == "at 2/2 of the budget: A − B +0.000 ± 0.100 (A ahead 1, behind 1, of 2)"
     _, d = load(f"{tmp_path / 'b'}:default")
     assert compare(a, d, 2)[2].startswith("at 2/2 of the budget: A − B +0.500 (A ahead 1")
+    # each run's last checkpoint, whatever the budgets: A given half of B's budget against B's final score
+    (tmp_path / "h").mkdir()
+    for seed, scores in ((0, [0.2, 0.7]), (1, [0.1, 0.4])):
+        run = {**_run("evollm", seed, scores), "steps": 5, "budget_cpu_s": 20}
+        (tmp_path / "h" / f"evollm_seed{seed}.json").write_text(json.dumps(run))
+    _, h = load(str(tmp_path / "h"))
+    b = {s: {**r, "budget_cpu_s": 40} for s, r in b.items()}
+    line = next(x for x in compare(h, b, 2) if x.startswith("each run's last"))
+    assert line == ("each run's last checkpoint (budgets [20] against [40] s): A − B +0.050 ± 0.150 "
+                    "(A ahead 1, behind 1, of 2)")
 
 
 def test_a_run_starts_from_the_same_random_state_whether_or_not_it_is_its_workers_first(tmp_path):
