@@ -28,6 +28,12 @@ def load(spec: str) -> tuple[str, dict[int, dict]]:
     return f"{folder}:{arm}", runs
 
 
+def _paired(diffs: list[float]) -> str:
+    """``A − B mean ± se (A ahead n, behind m, of k)`` of paired differences."""
+    ahead, behind = sum(d > 1e-9 for d in diffs), sum(d < -1e-9 for d in diffs)
+    return f"A − B {fmt_diff(*mean_se(diffs))} (A ahead {ahead}, behind {behind}, of {len(diffs)})"
+
+
 def compare(a: dict[int, dict], b: dict[int, dict], checkpoints: int) -> list[str]:
     seeds = sorted(set(a) & set(b))
     ca = {s: curve(a[s], checkpoints) for s in seeds}
@@ -35,15 +41,11 @@ def compare(a: dict[int, dict], b: dict[int, dict], checkpoints: int) -> list[st
     lines = [f"seeds: {seeds}"]
     for k in range(checkpoints):
         diffs = [ca[s][k] - cb[s][k] for s in seeds if ca[s][k] is not None and cb[s][k] is not None]
-        ahead, behind = sum(d > 1e-9 for d in diffs), sum(d < -1e-9 for d in diffs)
-        lines.append(f"at {k + 1}/{checkpoints} of the budget: A − B {fmt_diff(*mean_se(diffs))} "
-                     f"(A ahead {ahead}, behind {behind}, of {len(diffs)})")
+        lines.append(f"at {k + 1}/{checkpoints} of the budget: {_paired(diffs)}")
     finals = [a[s]["checkpoints"][-1]["score"] - b[s]["checkpoints"][-1]["score"] for s in seeds
               if a[s]["checkpoints"] and b[s]["checkpoints"]]
-    budgets = " against ".join(f"{sorted({r.get('budget_cpu_s') for r in runs.values()})}" for runs in
-                               ({s: a[s] for s in seeds}, {s: b[s] for s in seeds}))
-    lines.append(f"each run's last checkpoint (budgets {budgets} s): A − B {fmt_diff(*mean_se(finals))} (A ahead "
-                 f"{sum(d > 1e-9 for d in finals)}, behind {sum(d < -1e-9 for d in finals)}, of {len(finals)})")
+    budgets = " against ".join(str(sorted({x[s].get("budget_cpu_s") for s in seeds})) for x in (a, b))
+    lines.append(f"each run's last checkpoint (budgets {budgets} s): {_paired(finals)}")
     lines.append("finals A / B: " + ", ".join(f"{s}: {ca[s][-1]:.3f}/{cb[s][-1]:.3f}" for s in seeds
                                               if ca[s][-1] is not None and cb[s][-1] is not None))
     lines.append("steps A / B: " + ", ".join(f"{a[s]['steps']}/{b[s]['steps']}" for s in seeds))

@@ -277,5 +277,6 @@ def anneal_plateaued(agents: list, narrowing, tournament, record: Population, st
         record.record_revival(result, step, fraction, math.nan, reason="anneal", rates=describe_rates(changed))
         if log is not None:
             log(f"member {agent.index} plateaued at step {step} ({fraction:.0%} of the budget): no new best in its "
-                f"last {narrowing.patience} evaluations (best {max(fitness):.3f}); it trains on at {describe_rates(changed)}")
+                f"last {narrowing.patience} evaluations (best {max(fitness):.3f}); it trains on at "
+                f"{describe_rates(changed)}")
     return agents
