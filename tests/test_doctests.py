@@ -5,7 +5,7 @@ import importlib
 
 import pytest
 
-MODULES = ("evollm.hpo.narrowing", "evollm.hpo.selection", "evollm.run.population", "evollm.run.search")
+MODULES = ("evollm.hpo.narrowing", "evollm.hpo.optuna_utils", "evollm.hpo.selection", "evollm.run.population", "evollm.run.search")
 
 
 @pytest.mark.parametrize("name", MODULES)

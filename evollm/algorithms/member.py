@@ -94,7 +94,9 @@ class Member:
             param.contains(members[0].get_hyperparameter(name)) for name, param in hp_config.items()))
         init = founder_hyperparameters(size, hp_config, init_hyperparameters, init_sampler,
                                        fixed=kwargs if fixed is None else fixed, seed=kwargs.get("seed", 0),
-                                       default_founder=default_founder)
+                                       default_founder=default_founder,
+                                       defaults=None if hp_config is None else
+                                       {n: members[0].get_hyperparameter(n) for n in hp_config})
         members += [cls(actor_network, hp_config=hp_config, **kwargs) for _ in init[1:]]
         for member, hps in zip(members, init):
             for name, value in hps.items():

@@ -8,7 +8,8 @@ from evollm.hpo.optuna_utils import initial_population_hyperparameters
 
 def founder_hyperparameters(size: int, hp_config=None, init_hyperparameters: Optional[Sequence[dict]] = None,
                             init_sampler: Any = "qmc", fixed: Optional[dict] = None,
-                            seed: Optional[int] = 0, default_founder: bool = True) -> list[dict[str, Any]]:
+                            seed: Optional[int] = 0, default_founder: bool = True,
+                            defaults: Optional[dict] = None) -> list[dict[str, Any]]:
     """One dict of hyperparameters per founder (an empty dict: the member keeps its starting values).
 
     ``init_hyperparameters`` (one dict per founder) is used as given. Otherwise, with an
@@ -17,7 +18,9 @@ def founder_hyperparameters(size: int, hp_config=None, init_hyperparameters: Opt
     explicitly: they win and are the same for every founder). With ``default_founder`` (the
     default) the first founder is not drawn: it keeps the starting values (the ones the user set,
     else the algorithm's defaults), so the population always holds the run a user would get
-    without a search, and the others cover the space. Without an ``hp_config`` or a sampler,
+    without a search, and the others cover the space. ``defaults`` (that founder's values of the
+    config's parameters) lets the stratified samplers (``"stratified"``, ``"lhs"``) count it as one
+    of the strata: the drawn founders fill the others. Without an ``hp_config`` or a sampler,
     founders are identical (empty dicts).
     """
     if init_hyperparameters is not None:
@@ -27,6 +30,8 @@ def founder_hyperparameters(size: int, hp_config=None, init_hyperparameters: Opt
     if hp_config is None or init_sampler is None or size < 2:
         return [{} for _ in range(size)]
     first = [{}] if default_founder else []
-    draws = initial_population_hyperparameters(hp_config, size - len(first), sampler=init_sampler, seed=seed)
+    taken = defaults if default_founder and defaults is not None else None
+    draws = initial_population_hyperparameters(hp_config, size - len(first), sampler=init_sampler, seed=seed,
+                                               taken=taken)
     fixed = set(fixed or ())
     return first + [{k: v for k, v in d.items() if k not in fixed} for d in draws]

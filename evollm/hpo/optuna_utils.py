@@ -7,7 +7,7 @@ matters for the small populations that fit on one shared base model.
 from __future__ import annotations
 
 import warnings
-from typing import Any, Optional, Union
+from typing import Any, Optional, Sequence, Union
 
 import numpy as np
 import optuna
@@ -25,21 +25,43 @@ _SAMPLERS_BY_NAME = {
 
 
 LHS = "lhs"
-#: every sampler a name gives: the centred Latin hypercube and Optuna's
-SAMPLER_NAMES = (LHS, *sorted(_SAMPLERS_BY_NAME))
+STRATIFIED = "stratified"
+#: every sampler a name gives: the centred and the jittered Latin hypercube, and Optuna's
+SAMPLER_NAMES = (LHS, STRATIFIED, *sorted(_SAMPLERS_BY_NAME))
 
 
-def latin_hypercube(n: int, d: int, seed: Optional[int] = None) -> np.ndarray:
-    """``n`` points of a centred Latin hypercube in ``[0, 1)^d``: each coordinate takes every value
-    ``(2i + 1) / 2n`` once (the middles of n equal strata), paired across coordinates at random.
+def latin_hypercube(n: int, d: int, seed: Optional[int] = None, centred: bool = True,
+                    taken: Optional[Sequence[float]] = None) -> np.ndarray:
+    """``n`` points of a Latin hypercube in ``[0, 1)^d``: each coordinate falls once in each of the n
+    equal strata ``[i/n, (i+1)/n)``, paired across coordinates at random. Centred (the default), each
+    takes the stratum's middle; else (jittered) a uniform place inside it.
 
-    With a few founders this is what spreads them over a range: one in each n-th of it, none at its
-    very edges, none two in a row (a scrambled Sobol sequence's first 3 points in 1-D can fall in one
-    fifth of the range, as 7.4e-5, 8.2e-5 and 1.0e-4 in 1e-5..1e-3 do for one seed).
+    ``taken`` (a point of ``d`` coordinates that is already in the design, e.g. the founder that keeps
+    the default values): the strata are then ``n + 1`` per coordinate, and the ``n`` points fill all
+    of them but the one ``taken`` lies in, so together they still hold one point per stratum.
+
+    With a few founders this is what spreads them over a range: one in each n-th of it, none two in
+    a row (a scrambled Sobol sequence's first 3 points in 1-D can fall in one fifth of the range, as
+    7.4e-5, 8.2e-5 and 1.0e-4 in 1e-5..1e-3 do for one seed). Centred, the founders of a 1-D space are
+    the same for every seed; jittered, each seed draws its own, still one per stratum.
+
+    >>> latin_hypercube(3, 1, taken=[0.3]).ravel().tolist()   # 4 strata, the second one taken
+    [0.125, 0.625, 0.875]
     """
     if n == 0:
         return np.zeros((0, d))
-    return qmc.LatinHypercube(d=d, scramble=False, rng=np.random.default_rng(seed)).random(n)
+    if taken is None:
+        return qmc.LatinHypercube(d=d, scramble=not centred, rng=np.random.default_rng(seed)).random(n)
+    if len(taken) != d:
+        raise ValueError(f"taken has {len(taken)} coordinates for {d} dimensions")
+    rng, strata = np.random.default_rng(seed), n + 1
+    columns = []
+    for u in taken:
+        free = np.array([i for i in range(strata) if i != min(int(u * strata), n)])
+        offset = np.full(n, 0.5) if centred else rng.uniform(size=n)
+        columns.append((free + offset) / strata)
+    order = [np.arange(n)] + [rng.permutation(n) for _ in range(d - 1)]  # pair the columns at random
+    return np.stack([col[idx] for col, idx in zip(columns, order)], axis=1)
 
 
 def _sampler_by_name(name: str, seed: Optional[int]) -> optuna.samplers.BaseSampler:
@@ -79,6 +101,7 @@ def initial_population_hyperparameters(
     n: int,
     sampler: Union[optuna.samplers.BaseSampler, str, None] = None,
     seed: Optional[int] = None,
+    taken: Optional[dict[str, Any]] = None,
 ) -> list[dict[str, Any]]:
     """Draw hyperparameters for ``n`` initial agents.
 
@@ -93,6 +116,10 @@ def initial_population_hyperparameters(
             :func:`latin_hypercube` (``seed`` pairs the coordinates).
         seed: seed for ``sampler=None`` or a sampler given by name; a sampler
             instance carries its own seed.
+        taken: values (one per parameter) of an agent that is not drawn, e.g. the
+            founder that keeps the defaults: ``"lhs"`` and ``"stratified"`` then
+            place the ``n`` draws in the strata it leaves free (see
+            :func:`latin_hypercube`); the other samplers ignore it.
 
     Returns:
         ``n`` dicts name -> value (ints are ``int``, floats ``float``,
@@ -110,8 +137,10 @@ def initial_population_hyperparameters(
     if sampler is None:
         rng = np.random.default_rng(seed)
         return [hp_config.sample(rng) for _ in range(n)]
-    if isinstance(sampler, str) and sampler.lower() == LHS:
-        return [hp_config.from_unit(point) for point in latin_hypercube(n, len(hp_config), seed)]
+    if isinstance(sampler, str) and sampler.lower() in (LHS, STRATIFIED):
+        points = latin_hypercube(n, len(hp_config), seed, centred=sampler.lower() == LHS,
+                                 taken=None if taken is None else hp_config.to_unit(taken))
+        return [hp_config.from_unit(point) for point in points]
     if isinstance(sampler, str):
         sampler = _sampler_by_name(sampler, seed)
     distributions = hp_config_to_distributions(hp_config)

@@ -151,6 +151,20 @@ class RLParameter:
             return self.clamp(math.exp(math.log(self.min) + u * (math.log(self.max) - math.log(self.min))))
         return self.clamp(self.min + u * (self.max - self.min))
 
+    def to_unit(self, value: Any) -> float:
+        """The quantile in ``[0, 1)`` where ``value`` lies: the inverse of :meth:`from_unit` (an int or a
+        choice maps to the middle of its bin), so ``from_unit(to_unit(v)) == v`` for a value in range."""
+        if self.is_categorical:
+            return (list(self.choices).index(value) + 0.5) / len(self.choices)
+        x, is_int = float(self.clamp(value)), self.dtype is int
+        lo, hi = float(self.min), float(self.max) + is_int
+        if self.log:  # an int: the middle of [x, x + 1) on the log scale
+            mid = (math.log(x) + math.log(x + 1)) / 2 if is_int else math.log(x)
+            u = (mid - math.log(lo)) / (math.log(hi) - math.log(lo))
+        else:
+            u = (x + 0.5 * is_int - lo) / (hi - lo)
+        return min(max(u, 0.0), math.nextafter(1.0, 0.0))
+
     def mutate(self, value: Any, rng: np.random.Generator,
                explore_prob: float = 0.0) -> tuple[Any, bool]:
         """Return ``(new_value, explored)``; ``new_value != value`` whenever the range allows it.
@@ -316,6 +330,10 @@ class HyperparameterConfig:
         if len(point) != len(self._params):
             raise ValueError(f"a point of {len(point)} coordinates for {len(self._params)} parameters")
         return {name: p.from_unit(u) for (name, p), u in zip(self._params.items(), point)}
+
+    def to_unit(self, values: dict[str, Any]) -> list[float]:
+        """The quantiles of ``values`` (one per parameter, in order): the inverse of :meth:`from_unit`."""
+        return [p.to_unit(values[name]) for name, p in self._params.items()]
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         """JSON-friendly representation; inverse of :meth:`from_dict`."""
