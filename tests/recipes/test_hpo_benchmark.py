@@ -143,6 +143,20 @@ def test_the_half_budget_target_is_judged_at_half_the_budget_or_said_not_measure
     assert "**yes**" in stats.verdict(stats.summarise(runs, 3)).splitlines()[1]
 
 
+def test_workers_take_every_arm_in_turn():
+    """Each arm runs on every worker (a slow core must not slow one arm only); finished jobs are left out."""
+    from benchmarks.hpo.run import deal
+
+    jobs = [(arm, seed) for seed in range(4) for arm in ("evollm", "default", "tpe")]
+    shares = deal(jobs, 2)
+    assert sorted(j for share in shares for j in share) == sorted(jobs)
+    for share in shares:
+        assert {arm for arm, _ in share} == {"evollm", "default", "tpe"}
+        assert abs(len(share) - len(jobs) / 2) <= 1
+    left = deal(jobs, 2, done=lambda job: job[1] < 3)
+    assert sorted(j for share in left for j in share) == [j for j in sorted(jobs) if j[1] == 3]
+
+
 def test_two_parts_directories_are_compared_seed_by_seed(tmp_path):
     """benchmarks.hpo.paired: A − B per checkpoint over the seeds both directories hold, by hand."""
     from benchmarks.hpo.paired import compare, load
