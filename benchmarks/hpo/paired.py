@@ -18,11 +18,12 @@ from benchmarks.hpo.stats import curve, fmt_diff, mean_se
 
 
 def load(spec: str) -> tuple[str, dict[int, dict]]:
-    """``{seed: run}`` of one arm in a parts directory (``DIR`` or ``DIR:ARM``)."""
+    """``{seed: run}`` of one arm in a parts directory (``DIR`` or ``DIR:ARM``; a variant ``DIR:evollm:NAME``)."""
     folder, _, arm = spec.partition(":")
     arm = arm or "evollm"
     runs = {}
-    for path in sorted(Path(folder).glob(f"{arm}_seed*.json")):
+    stem = arm.replace(":", "_").replace("=", "")  # as the harness names the file (evollm:tie -> evollm_tie)
+    for path in sorted(Path(folder).glob(f"{stem}_seed*.json")):
         run = json.loads(path.read_text())
         runs[int(run["seed"])] = run
     return f"{folder}:{arm}", runs
