@@ -70,12 +70,14 @@ class Member:
 
     @classmethod
     def population(cls, size: int, actor_network: torch.nn.Module | None = None, hp_config=None,
-                   init_hyperparameters=None, init_sampler: str | None = "qmc", fixed: dict | None = None,
+                   init_hyperparameters=None, init_sampler: str | None = "stratified", fixed: dict | None = None,
                    default_founder: bool = True, **kwargs) -> list:
         """``size`` members on ONE shared base (``cls(actor_network, hp_config=hp_config, **kwargs)`` each).
 
         With an ``hp_config`` the founders' hyperparameters are drawn from it with ``init_sampler``
-        (``"qmc"``: scrambled Sobol, the default; ``"random"``, ``"tpe"``, an Optuna sampler, or
+        (``"stratified"``, the default: one founder at a random place in each n-th of every range, the
+        default founder counting as one; ``"qmc"``: scrambled Sobol; ``"lhs"``, ``"random"``, ``"tpe"``,
+        an Optuna sampler, or
         ``None`` for identical founders), seeded with ``seed``; a value the caller passes as a keyword
         (e.g. ``lr=1e-3``), or names in ``fixed``, is kept for every founder. With ``default_founder``
         (the default) the first member keeps the starting values instead of a draw when they lie inside

@@ -286,10 +286,10 @@ class AlgorithmSection(Section):
     lora: LoraSection = option(default_factory=LoraSection, help="LoRA settings.")
     hyperparameters: dict[str, Any] = option({}, "Fields of the algorithm's config dataclass (e.g. GRPOConfig: lr, "
                                              "group_size, beta, clip_coef, temperature, ...).")
-    init_sampler: str | None = option("qmc", "Draw each founder's hpo.hp_config values with this sampler "
-                                      "(scrambled-Sobol 'qmc' by default; 'stratified': one founder at a random place in "
-                                      "each n-th of every range, the default founder counting as one; 'lhs': the same at "
-                                      "the strata's middles; null: identical founders). A value "
+    init_sampler: str | None = option("stratified", "Draw each founder's hpo.hp_config values with this sampler "
+                                      "('stratified' by default: one founder at a random place in each n-th of every "
+                                      "range, the default founder counting as one; 'lhs': the same at the strata's "
+                                      "middles; 'qmc': scrambled Sobol; 'random', 'tpe'; null: identical founders). A value "
                                       "set in algorithm.hyperparameters is kept for every founder.",
                                       choices=_sampler_names, when={"population_size": lambda n: n > 1})
     default_founder: bool = option(True, "The first founder keeps the starting hyperparameters (those set here, else "

@@ -7,14 +7,14 @@ from evollm.hpo.optuna_utils import initial_population_hyperparameters
 
 
 def founder_hyperparameters(size: int, hp_config=None, init_hyperparameters: Optional[Sequence[dict]] = None,
-                            init_sampler: Any = "qmc", fixed: Optional[dict] = None,
+                            init_sampler: Any = "stratified", fixed: Optional[dict] = None,
                             seed: Optional[int] = 0, default_founder: bool = True,
                             defaults: Optional[dict] = None) -> list[dict[str, Any]]:
     """One dict of hyperparameters per founder (an empty dict: the member keeps its starting values).
 
     ``init_hyperparameters`` (one dict per founder) is used as given. Otherwise, with an
     ``hp_config`` and a sampler, founders draw each of the config's parameters with
-    ``init_sampler`` (``"qmc"`` by default), except the names in ``fixed`` (values the user set
+    ``init_sampler`` (``"stratified"`` by default), except the names in ``fixed`` (values the user set
     explicitly: they win and are the same for every founder). With ``default_founder`` (the
     default) the first founder is not drawn: it keeps the starting values (the ones the user set,
     else the algorithm's defaults), so the population always holds the run a user would get

@@ -28,7 +28,7 @@ def build_population(cfg, model, tokenizer, hp_config):
     lora = lora_config(model, **alg.lora.kwargs())
     hps = dict(alg.hyperparameters)
     hps.setdefault("seed", cfg.seed)
-    # founders drawn from the hp_config (QMC unless algorithm.init_sampler says otherwise); a value
+    # founders drawn from the hp_config (stratified unless algorithm.init_sampler says otherwise); a value
     # set in algorithm.hyperparameters is kept for every founder
     return cls.population(size, model, hp_config=hp_config, init_sampler=alg.init_sampler, fixed=alg.hyperparameters,
                           default_founder=alg.default_founder,
