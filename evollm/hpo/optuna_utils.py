@@ -1,8 +1,9 @@
 """Seeding an initial population's hyperparameters, optionally with Optuna.
 
-A quasi-random (``QMCSampler``) or model-based (``TPESampler``) sampler
-covers the search space more evenly than independent uniform draws, which
-matters for the small populations that fit on one shared base model.
+A stratified design (one founder in each n-th of every range, the default), a
+quasi-random (``QMCSampler``) or a model-based (``TPESampler``) sampler covers
+the search space more evenly than independent uniform draws, which matters for
+the small populations that fit on one shared base model.
 """
 from __future__ import annotations
 
@@ -112,8 +113,10 @@ def initial_population_hyperparameters(
             :meth:`RLParameter.sample`; an Optuna sampler instance (e.g.
             ``QMCSampler(seed=0)``) draws the ``n`` points through an in-memory
             study; the names ``"random"``, ``"tpe"`` and ``"qmc"`` (scrambled
-            Sobol) build that sampler with ``seed``; ``"lhs"`` takes the points of
-            :func:`latin_hypercube` (``seed`` pairs the coordinates).
+            Sobol) build that sampler with ``seed``; ``"stratified"`` takes the
+            points of the jittered :func:`latin_hypercube` (one at a random place
+            in each n-th of every range; the default of a population's founders),
+            ``"lhs"`` those of the centred one (the strata's middles).
         seed: seed for ``sampler=None`` or a sampler given by name; a sampler
             instance carries its own seed.
         taken: values (one per parameter) of an agent that is not drawn, e.g. the
