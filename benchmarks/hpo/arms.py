@@ -4,7 +4,9 @@
   gives for the task's config once a population is asked for (search space, founders, selection,
   mutation, schedule); :func:`evolution_overrides` says what the harness adds where the library leaves a
   value unset.
-* ``no_mutation`` -- the same population and selection, every mutation off (does mutation help?).
+* ``no_mutation`` -- the same population and selection, every hyperparameter change off (does mutation help?):
+  no mutation operator, and neither the lone member's anneal nor a roll-back's lower rate
+  (:func:`frozen_overrides`); each member trains at its founder's values.
 * ``tpe`` / ``random`` -- Optuna TPE / random search over the same space: single-member trials of
   ``trial_steps`` steps one after another, each ranked by one validation evaluation at its end.
 * ``default`` -- one member at the library's defaults for the whole budget: what ``evollm train`` gives
@@ -254,12 +256,35 @@ def keep_best_kwargs(cfg) -> dict:
     return {"keep_best": cfg.train.keep_best} if hasattr(cfg.train, "keep_best") else {}
 
 
+#: the mutation operators off: a clone keeps its parent's hyperparameters and LoRA rank
+MUTATIONS_OFF = ["hpo.mutation.no_mutation=1.0", "hpo.mutation.rl_hp=0.0", "hpo.mutation.lora_rank=0.0"]
+#: the narrowing's own hyperparameter changes off: the lone member's anneal on a plateau, and the learning-rate
+#: cut of a roll-back's copy (the roll-back itself, a return to the best state, is selection and stays)
+NARROWING_CHANGES_OFF = ["hpo.narrowing.anneal=false", "hpo.narrowing.rollback_lr=1.0"]
+
+
+def frozen_overrides(cfg) -> list[str]:
+    """The ``no_mutation`` arm's overrides: no hyperparameter ever changes during the run, so every member
+    trains at its founder's values. The mutation operators are off, and so are the narrowing's changes to the
+    member training alone (the anneal halves its learning rates on a plateau, a roll-back's copy trains at a
+    lower rate): both are PBT's explore step, applied to one member (2026-11-28; before, the arm kept them and
+    measured the clones' perturbation alone; ``--variant NAME=`` with :data:`MUTATIONS_OFF` runs that arm).
+    Only the options the library version has are set.
+
+    >>> from evollm.config import RunConfig
+    >>> frozen_overrides(RunConfig.from_dict({"model": {"source": "tiny"}, "algorithm": {"name": "GRPO"}}))[-2:]
+    ['hpo.narrowing.anneal=false', 'hpo.narrowing.rollback_lr=1.0']
+    """
+    narrowing = getattr(getattr(cfg, "hpo", None), "narrowing", None)
+    changes = [o for o in NARROWING_CHANGES_OFF if hasattr(narrowing, o.split(".")[2].split("=")[0])]
+    return list(MUTATIONS_OFF) + changes
+
+
 def run_population(task, cfg, rec: Recorder, mutate: bool, evo_set: list[str] = ()) -> dict:
     """A population arm; ``evo_set``: ``--evo-set`` overrides of its evolution settings (ablations)."""
     from evollm.recipes.builders import build_hpo
 
-    cfg = with_overrides(cfg, evolution_overrides(cfg) + list(evo_set) + ([] if mutate else [
-        "hpo.mutation.no_mutation=1.0", "hpo.mutation.rl_hp=0.0", "hpo.mutation.lora_rank=0.0"]))
+    cfg = with_overrides(cfg, evolution_overrides(cfg) + list(evo_set) + ([] if mutate else frozen_overrides(cfg)))
     hp_config = search_space(cfg)
     _, mutation, selection = build_hpo(cfg)
     members = members_of(cfg, task, hp_config)
@@ -278,7 +303,8 @@ def run_population(task, cfg, rec: Recorder, mutate: bool, evo_set: list[str] = 
         pass
     return {"founders": founders, "population_size": len(members), "evo_steps": cfg.train.evo_steps,
             "evaluation_interval": cfg.train.evaluation_interval, "mutation": cfg.hpo.mutation.to_dict(),
-            "selection": cfg.hpo.selection.to_dict(), "final_members": [hps(a) for a in live.get("agents", [])],
+            "selection": cfg.hpo.selection.to_dict(),
+            "narrowing": cfg.hpo.narrowing.to_dict() if hasattr(cfg.hpo, "narrowing") else None, "final_members": [hps(a) for a in live.get("agents", [])],
             "revivals": [{k: r.get(k) for k in ("step", "kept", "dropped", "scores", "budget_fraction", "no_signal",
                                                 "reason", "rates")}
                          for r in getattr(live.get("record"), "selection_rows", []) if r["kind"] == "revival"]}

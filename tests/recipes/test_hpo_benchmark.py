@@ -70,6 +70,10 @@ def test_arms_differ_as_documented(result):
     evo, frozen = runs["evollm"], runs["no_mutation"]
     assert evo["population_size"] == frozen["population_size"] > 1
     assert frozen["mutation"]["no_mutation"] == 1.0 and frozen["mutation"]["rl_hp"] == 0.0
+    # selection only changes no hyperparameter: nor does its narrowing (the lone member's anneal, a roll-back's rate)
+    assert evo["narrowing"]["anneal"] is True and evo["narrowing"]["rollback_lr"] == 0.5
+    assert frozen["narrowing"]["anneal"] is False and frozen["narrowing"]["rollback_lr"] == 1.0
+    assert frozen["narrowing"]["rollback"] == evo["narrowing"]["rollback"]  # returning to the best state is selection
     assert evo["selection"]["window"] == frozen["selection"]["window"] == 5  # --evo-set reached both
     assert runs["evollm:w3"]["selection"]["window"] == 3  # the variant's own override, after --evo-set
     assert runs["evollm:w3"]["mutation"] == evo["mutation"]
