@@ -172,6 +172,11 @@ class NarrowingSection(Section):
                           "the same population without it; benchmarks/README.md, HPO section).")
     anneal_lr: float = option(0.5, "Factor on the learning rates at an anneal.")
     max_anneals: int = option(2, "Anneals per run at most.")
+    anneal_share: float = option(0.1, "The share of the budget a plateau must last before an anneal, counted in "
+                                 "evaluations at the run's rate so far (at least `patience`; 0: `patience` alone). "
+                                 "Why: with a time budget a faster machine makes more evaluations, and `patience` of "
+                                 "them without a new best then come by chance during a slow rise (measured: "
+                                 "benchmarks/README.md, HPO section, 2026-11-28 afternoon).")
     decline: float = option(0.1, "Fall below the best state's fitness, as a share of it, that triggers a roll-back.")
     decline_se: float = option(1.5, "Standard errors of the best state's evaluation that the fall must also exceed "
                                     "(0: the share `decline` alone).")
@@ -199,7 +204,7 @@ class NarrowingSection(Section):
                              no_signal=self.no_signal, rollback=self.rollback, decline=self.decline,
                              rollback_lr=self.rollback_lr, max_rollbacks=self.max_rollbacks, decline_se=self.decline_se,
                              on_tie=self.on_tie, tiebreak=self.tiebreak, tie_se=self.tie_se, anneal=self.anneal,
-                             anneal_lr=self.anneal_lr, max_anneals=self.max_anneals)
+                             anneal_lr=self.anneal_lr, max_anneals=self.max_anneals, anneal_share=self.anneal_share)
         except ValueError as e:
             raise ConfigError(f"hpo.narrowing: {e}") from e
 

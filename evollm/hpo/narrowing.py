@@ -46,6 +46,8 @@ MAX_ROLLBACKS = 2
 ANNEAL_LR = 0.5
 #: plateau decays per run at most (``Narrowing.anneal``)
 MAX_ANNEALS = 2
+#: share of the budget a plateau must last before an anneal, at least ``patience`` evaluations (``Narrowing.anneal_share``)
+ANNEAL_SHARE = 0.1
 
 
 def declined(fitness: Sequence[float], best: float, patience: int = STALL_PATIENCE, drop: float = DECLINE,
@@ -99,6 +101,26 @@ def plateaued(fitness: Sequence[float], patience: int = STALL_PATIENCE, start: f
         return False
     before, recent = fitness[:-patience], fitness[-patience:]
     return not any(math.isnan(f) for f in recent) and max(recent) <= max(before) and max(before) > float(start)
+
+
+def plateau_patience(patience: int, evaluations: int, spent: float, share: float = ANNEAL_SHARE) -> int:
+    """Evaluations a plateau must last: at least ``patience``, and as many as span ``share`` of the budget at the
+    rate the member has been evaluated since it was last chosen or changed (``evaluations`` in ``spent`` of the
+    budget). A patience counted in evaluations alone is a smaller share of a longer run: with a time budget a
+    machine three times as fast makes three times the evaluations, and three in a row without a new best on a
+    noisy held-out score then come by chance during a slow rise. The rate is the lone member's own (a population's
+    evaluations cost more of the budget each). Without a budget share spent (or with ``share`` 0): ``patience``.
+
+    >>> plateau_patience(3, evaluations=5, spent=0.25)  # 20 evaluations per budget: 2 < 3
+    3
+    >>> plateau_patience(3, evaluations=20, spent=0.3)  # about 67 per budget: a tenth is 7
+    7
+    >>> plateau_patience(3, evaluations=20, spent=0.3, share=0.0)
+    3
+    """
+    if not share > 0.0 or not spent > 0.0 or not math.isfinite(float(spent)):
+        return int(patience)
+    return max(int(patience), int(math.ceil(float(share) * int(evaluations) / min(float(spent), 1.0) - 1e-9)))
 
 
 def stalled(fitness: Sequence[float], no_signal: Sequence[bool], patience: int = STALL_PATIENCE,
@@ -206,6 +228,15 @@ class Narrowing:
             evaluations on while the default run at 1e-4 climbed to 0.73-0.75). Measured against the same
             population without it (benchmarks/README.md, 2026-11-28): REINFORCE +0.031 +- 0.011, tiny GRPO
             +0.016 +- 0.012, the game +0.013 +- 0.010, chain_calc -0.008 +- 0.013.
+        anneal_share: the share of the budget a plateau must last, in evaluations at the rate the member has been
+            evaluated since it was chosen (:func:`plateau_patience`; at least ``patience``; default 0.1, 0:
+            ``patience`` alone). Why: with a
+            time budget a faster machine makes more evaluations, and three without a new best then come by
+            chance during a slow rise: on a machine three times as fast as the one the anneal was measured on
+            (about 690 single-run steps in 40 CPU-s instead of 220), REINFORCE members annealed twice from
+            2.6e-4 in the first half of the budget, at scores of 0.50-0.60 that the same rate left for 0.8.
+            Replayed on the runs the anneal was measured on (20-30 lone evaluations per budget), a tenth fires
+            at the same evaluation on 34 of 41 anneals and one to six evaluations later on the others.
         anneal_lr: the factor of an anneal (default 0.5).
         max_anneals: anneals per run at most (default 2).
         decline: the fall, as a share of the best state's fitness, that counts (default 0.1).
@@ -245,7 +276,7 @@ class Narrowing:
                  decline: float = DECLINE, rollback_lr: float = ROLLBACK_LR, max_rollbacks: int = MAX_ROLLBACKS,
                  decline_se: float = DECLINE_SE, on_tie: str = "cut", tiebreak: str = "default_first",
                  tie_se: float = 0.0, anneal: bool = True, anneal_lr: float = ANNEAL_LR,
-                 max_anneals: int = MAX_ANNEALS) -> None:
+                 max_anneals: int = MAX_ANNEALS, anneal_share: float = ANNEAL_SHARE) -> None:
         at = [float(a) for a in at]
         if not at:
             raise ValueError("Narrowing.at must name at least one fraction of the budget")
@@ -275,6 +306,8 @@ class Narrowing:
             raise ValueError(f"Narrowing.anneal_lr must be a factor in (0, 1], got {anneal_lr!r}")
         if int(max_anneals) < 0:
             raise ValueError(f"Narrowing.max_anneals must be >= 0, got {max_anneals!r}")
+        if not 0.0 <= float(anneal_share) < 1.0:
+            raise ValueError(f"Narrowing.anneal_share must be a share of the budget in [0, 1), got {anneal_share!r}")
         if not float(tie_se) >= 0.0:
             raise ValueError(f"Narrowing.tie_se must be >= 0 standard errors, got {tie_se!r}")
         self.at = tuple(at)
@@ -289,6 +322,7 @@ class Narrowing:
         self.rollback_lr, self.max_rollbacks = float(rollback_lr), int(max_rollbacks)
         self.on_tie, self.tiebreak, self.tie_se = on_tie, tiebreak, float(tie_se)
         self.anneal, self.anneal_lr, self.max_anneals = bool(anneal), float(anneal_lr), int(max_anneals)
+        self.anneal_share = float(anneal_share)
         self.passed = 0  # milestones acted on
         self.deferred = 0  # milestones due that the last cut left for the next regular ranking (on_tie)
         self.elapsed_s = 0.0  # budget-clock seconds spent before this process started (resume)
@@ -407,7 +441,8 @@ class Narrowing:
                 f"incumbent={self.incumbent}, revive={self.revive}, patience={self.patience}, no_signal={self.no_signal}, "
                 f"rollback={self.rollback}, decline={self.decline}, rollback_lr={self.rollback_lr}, "
                 f"max_rollbacks={self.max_rollbacks}, on_tie={self.on_tie!r}, tiebreak={self.tiebreak!r}, "
-                f"tie_se={self.tie_se}, anneal={self.anneal}, anneal_lr={self.anneal_lr}, max_anneals={self.max_anneals})")
+                f"tie_se={self.tie_se}, anneal={self.anneal}, anneal_lr={self.anneal_lr}, max_anneals={self.max_anneals}, "
+                f"anneal_share={self.anneal_share})")
 
     @property
     def finished(self) -> bool:

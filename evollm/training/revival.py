@@ -19,7 +19,7 @@ import statistics
 from typing import Callable, Sequence
 
 from evollm.hpo.defaults import DEFAULT_EVOLVED, LEARNING_RATES
-from evollm.hpo.narrowing import budget_fraction, declined, plateaued, stalled
+from evollm.hpo.narrowing import budget_fraction, declined, plateau_patience, plateaued, stalled
 from evollm.run.population import Population, describe_rates
 from .quarantine import healthy
 
@@ -246,10 +246,21 @@ def starting_fitness(record: Population) -> float:
     return statistics.median(values) if values else -math.inf
 
 
+def changed_at(record: Population) -> float:
+    """The budget fraction at which the population last changed (its last cut, swap, roll-back or anneal; the
+    step :func:`fitness_since_change` counts from); NaN when not recorded (a tournament's selection row)."""
+    if not record.selection_rows:
+        return 0.0
+    last = max(record.selection_rows, key=lambda r: int(r["step"]))
+    return float(last.get("budget_fraction", math.nan))
+
+
 def anneal_plateaued(agents: list, narrowing, tournament, record: Population, step: int, max_steps: int,
                      max_time: float | None, log: Callable[[str], None] | None = None) -> list:
     """After an evaluation: when the schedule is finished and the members train alone, a member whose held-out
-    fitness has :func:`~evollm.hpo.narrowing.plateaued` since the population last changed (its cut, a swap, a
+    fitness has :func:`~evollm.hpo.narrowing.plateaued` (over :func:`~evollm.hpo.narrowing.plateau_patience`
+    evaluations: ``patience``, or more where they span less than ``narrowing.anneal_share`` of the budget) since the
+    population last changed (its cut, a swap, a
     roll-back or an earlier anneal: :func:`fitness_since_change`), above the level the run started from
     (:func:`starting_fitness`), trains on with its learning rates times
     ``narrowing.anneal_lr`` (:func:`scaled_learning_rates`: not below their search range), at most
@@ -265,7 +276,10 @@ def anneal_plateaued(agents: list, narrowing, tournament, record: Population, st
         if getattr(agent, "quarantined", False) or revivals(record, "anneal") >= narrowing.max_anneals:
             continue
         fitness = fitness_since_change(record, int(agent.index))
-        if not plateaued(fitness, narrowing.patience, start=start):
+        fraction = budget_fraction(step, max_steps, narrowing.elapsed_s, max_time)
+        patience = plateau_patience(narrowing.patience, len(fitness), fraction - changed_at(record),
+                                    getattr(narrowing, "anneal_share", 0.0))
+        if not plateaued(fitness, patience, start=start):
             continue
         changed = scaled_learning_rates(agent, narrowing.anneal_lr)
         if not changed:  # at the lower end of its range already
@@ -273,10 +287,9 @@ def anneal_plateaued(agents: list, narrowing, tournament, record: Population, st
         scores = {int(agent.index): fitness[-1]}
         result = SelectionResult(elite=None, population=list(agents), dropped=[], scores=scores,
                                  best_index=int(agent.index), protected=[])
-        fraction = budget_fraction(step, max_steps, narrowing.elapsed_s, max_time)
         record.record_revival(result, step, fraction, math.nan, reason="anneal", rates=describe_rates(changed))
         if log is not None:
             log(f"member {agent.index} plateaued at step {step} ({fraction:.0%} of the budget): no new best in its "
-                f"last {narrowing.patience} evaluations (best {max(fitness):.3f}); it trains on at "
+                f"last {patience} evaluations (best {max(fitness):.3f}); it trains on at "
                 f"{describe_rates(changed)}")
     return agents

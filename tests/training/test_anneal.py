@@ -7,7 +7,7 @@ import torch
 from conftest import StopAt, lone_member_run
 
 from evollm.hpo import Narrowing
-from evollm.hpo.narrowing import plateaued, stalled
+from evollm.hpo.narrowing import plateau_patience, plateaued, stalled
 from evollm.run import list_checkpoints
 from evollm.training.callbacks import Callback
 
@@ -28,11 +28,24 @@ def test_plateaued_by_hand():
 def test_narrowing_rejects_bad_anneal_settings():
     for kwargs, message in (({"anneal_lr": 0.0}, r"anneal_lr must be a factor in \(0, 1\]"),
                             ({"anneal_lr": 2.0}, r"anneal_lr must be a factor in \(0, 1\]"),
-                            ({"max_anneals": -1}, "max_anneals must be >= 0")):
+                            ({"max_anneals": -1}, "max_anneals must be >= 0"),
+                            ({"anneal_share": 1.0}, r"anneal_share must be a share of the budget in \[0, 1\)"),
+                            ({"anneal_share": -0.1}, r"anneal_share must be a share of the budget in \[0, 1\)")):
         with pytest.raises(ValueError, match=message):
             Narrowing(**kwargs)
     n = Narrowing()
-    assert (n.anneal, n.anneal_lr, n.max_anneals) == (True, 0.5, 2)
+    assert (n.anneal, n.anneal_lr, n.max_anneals, n.anneal_share) == (True, 0.5, 2, 0.1)
+
+
+def test_a_plateau_spans_a_share_of_the_budget_by_hand():
+    # 30 evaluations in half the budget since the member was chosen: 60 per budget, a tenth is 6
+    assert plateau_patience(3, evaluations=30, spent=0.5, share=0.1) == 6
+    assert plateau_patience(3, evaluations=10, spent=0.5, share=0.1) == 3  # 20 per budget: 2 < patience
+    assert plateau_patience(3, evaluations=30, spent=0.5, share=0.0) == 3  # the share off
+    assert plateau_patience(3, evaluations=30, spent=0.0, share=0.1) == 3  # no budget spent: patience
+    assert plateau_patience(3, evaluations=30, spent=float("nan"), share=0.1) == 3  # unknown: patience
+    assert plateau_patience(2, evaluations=9, spent=1.5, share=0.2) == 2  # past the budget: counted as all of it
+    assert plateau_patience(2, evaluations=100, spent=1.0, share=0.25) == 25
 
 
 PHASE = {"scale": 1.0}
@@ -58,10 +71,11 @@ class _Phases(Callback):
 RISE_AND_FALL = (0.5, 1.0, 0.0, 0.0, 1.0, 0.0)
 
 
-def _run(ckpt=None, resume=False, callbacks=(), anneal=True, max_anneals=2, verbose=False, scales=RISE_AND_FALL):
+def _run(ckpt=None, resume=False, callbacks=(), anneal=True, max_anneals=2, verbose=False, scales=RISE_AND_FALL,
+         anneal_share=0.1):
     PHASE["scale"] = scales[-1] if resume else scales[0]  # a resumed run starts after step 5
     narrowing = Narrowing(at=(0.1,), keep=0.5, min_size=1, revive=False, rollback=False, patience=2, anneal=anneal,
-                          max_anneals=max_anneals)
+                          max_anneals=max_anneals, anneal_share=anneal_share)
     return lone_member_run(narrowing, _reward, ckpt, resume, [_Phases(scales), *callbacks], verbose=verbose)
 
 
@@ -86,6 +100,18 @@ def test_a_member_whose_fitness_stops_rising_trains_on_at_half_the_rate(capsys):
     out = capsys.readouterr().out
     line = next(x for x in out.splitlines() if "plateaued at step 4" in x)
     assert f"member {survivor} plateaued" in line and "lr 0.001 -> 0.0005" in line
+
+
+def test_a_plateau_must_last_a_share_of_the_budget():
+    """The same run (8 steps, an evaluation each; the cut at step 1) with anneal_share 0.5: at step 4 the
+    survivor has had 3 evaluations in 3/8 of the budget since its cut, 8 per budget, so a plateau must last
+    ceil(0.5 * 8) = 4 evaluations, not patience's 2: its scores since the cut (1.0, 0, 0) are not one before four.
+    At step 5 it scores 1.0 (no new best, but four evaluations need one before them); at step 6 the last four
+    (0, 0, 1.0, 0) are no higher than the 1.0 before them: it anneals then, and once only (two steps left)."""
+    agents, record = _run(anneal_share=0.5)
+    rows = record.selections().query("kind == 'revival'")
+    assert list(rows["reason"]) == ["anneal"] and list(rows["step"]) == [6]
+    assert agents[0].get_hyperparameter("lr") == pytest.approx(5e-4)
 
 
 def test_a_member_that_has_not_risen_above_the_start_is_not_annealed():
