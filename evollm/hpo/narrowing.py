@@ -236,7 +236,7 @@ class Narrowing:
             (about 690 single-run steps in 40 CPU-s instead of 220), REINFORCE members annealed twice from
             2.6e-4 in the first half of the budget, at scores of 0.50-0.60 that the same rate left for 0.8.
             Replayed on the runs the anneal was measured on (20-30 lone evaluations per budget), a tenth fires
-            at the same evaluation on 34 of 41 anneals and one to six evaluations later on the others.
+            at the same evaluation on 24 of 35 anneals and one to six evaluations later on the other 11 (all 8 of chain_calc's).
         anneal_lr: the factor of an anneal (default 0.5).
         max_anneals: anneals per run at most (default 2).
         decline: the fall, as a share of the best state's fitness, that counts (default 0.1).
