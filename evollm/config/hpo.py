@@ -164,12 +164,13 @@ class NarrowingSection(Section):
                             "lower of its and the fallen member's learning rates, at most `max_rollbacks` times; the best state is kept as with "
                             "train.keep_best. Why: the first cuts favour the rate whose play improves fastest, often one "
                             "that then falls back alone (benchmarks/README.md, HPO section).")
-    anneal: bool = option(True, "When the member training alone has `patience` evaluations without a new best since "
+    anneal: bool = option(False, "When the member training alone has `patience` evaluations without a new best since "
                           "it was last chosen or changed, its learning rates are multiplied by `anneal_lr` (not below their "
                           "search range; only once its best is above the run's first evaluation), at most `max_anneals` "
                           "times: a learning rate reduced on a plateau, for the fast-rising rates the first cuts keep "
                           "(measured: +0.031 REINFORCE, +0.016 tiny GRPO, +0.013 the game, -0.008 chain_calc against "
-                          "the same population without it; benchmarks/README.md, HPO section).")
+                          "the same population without it, runs of 150-250 steps), and off by default since: in runs of 400-700 steps "
+                          "it was level on those tasks and cost the game 0.044 (benchmarks/README.md, HPO section).")
     anneal_lr: float = option(0.5, "Factor on the learning rates at an anneal.")
     max_anneals: int = option(2, "Anneals per run at most.")
     anneal_share: float = option(0.1, "The share of the budget a plateau must last before an anneal, counted in "

@@ -222,12 +222,17 @@ class Narrowing:
             rates by ``anneal_lr`` in place (not below their search range; only once its best is above the run's
             first evaluation, the median over the members), at most ``max_anneals`` times per
             run: PBT's explore step downwards, on the one member left, as a learning-rate schedule reduces on a
-            plateau. Default ``True``. Why: the first cuts keep the member whose score rises fastest, often a
+            plateau. Default ``False`` (it was ``True`` from the morning to the afternoon of 2026-11-28). Why it was on: the first cuts keep the member whose score rises fastest, often a
             rate that then scores noisily around a plateau below what a lower rate reaches (REINFORCE on the
             arithmetic task: lone members at 3e-4 to 8e-4 sat at 0.61-0.75 on validation from their first
             evaluations on while the default run at 1e-4 climbed to 0.73-0.75). Measured against the same
             population without it (benchmarks/README.md, 2026-11-28): REINFORCE +0.031 +- 0.011, tiny GRPO
             +0.016 +- 0.012, the game +0.013 +- 0.010, chain_calc -0.008 +- 0.013.
+            Why it is off: on a machine three times as fast (runs of 400-700 steps instead of 150-250, the
+            same CPU budgets), with ``anneal_share``, it was level on the arithmetic tasks and chain_calc (+0.003,
+            -0.004, +0.004) and cost the game 0.044 +- 0.029 (10 seeds): the game's greedy score is flat for
+            tens of steps between jumps, and the anneal halved rates twice that were still to jump, the default
+            founder's 1e-4 among them.
         anneal_share: the share of the budget a plateau must last, in evaluations at the rate the member has been
             evaluated since it was chosen (:func:`plateau_patience`; at least ``patience``; default 0.1, 0:
             ``patience`` alone). Why: with a
@@ -275,7 +280,7 @@ class Narrowing:
                  patience: int = STALL_PATIENCE, no_signal: float = STALL_NO_SIGNAL, rollback: bool = True,
                  decline: float = DECLINE, rollback_lr: float = ROLLBACK_LR, max_rollbacks: int = MAX_ROLLBACKS,
                  decline_se: float = DECLINE_SE, on_tie: str = "cut", tiebreak: str = "default_first",
-                 tie_se: float = 0.0, anneal: bool = True, anneal_lr: float = ANNEAL_LR,
+                 tie_se: float = 0.0, anneal: bool = False, anneal_lr: float = ANNEAL_LR,
                  max_anneals: int = MAX_ANNEALS, anneal_share: float = ANNEAL_SHARE) -> None:
         at = [float(a) for a in at]
         if not at:

@@ -71,7 +71,9 @@ def test_arms_differ_as_documented(result):
     assert evo["population_size"] == frozen["population_size"] > 1
     assert frozen["mutation"]["no_mutation"] == 1.0 and frozen["mutation"]["rl_hp"] == 0.0
     # selection only changes no hyperparameter: nor does its narrowing (the lone member's anneal, a roll-back's rate)
-    assert evo["narrowing"]["anneal"] is True and evo["narrowing"]["rollback_lr"] == 0.5
+    from evollm.hpo import Narrowing
+    library = Narrowing()  # evollm gets the library's own
+    assert evo["narrowing"]["anneal"] is library.anneal and evo["narrowing"]["rollback_lr"] == library.rollback_lr
     assert frozen["narrowing"]["anneal"] is False and frozen["narrowing"]["rollback_lr"] == 1.0
     assert frozen["narrowing"]["rollback"] == evo["narrowing"]["rollback"]  # returning to the best state is selection
     assert evo["selection"]["window"] == frozen["selection"]["window"] == 5  # --evo-set reached both
