@@ -251,8 +251,10 @@ def changed_at(record: Population) -> float:
     step :func:`fitness_since_change` counts from); NaN when not recorded (a tournament's selection row)."""
     if not record.selection_rows:
         return 0.0
-    last = max(record.selection_rows, key=lambda r: int(r["step"]))
-    return float(last.get("budget_fraction", math.nan))
+    step = max(int(r["step"]) for r in record.selection_rows)
+    known = [float(r.get("budget_fraction", math.nan)) for r in record.selection_rows if int(r["step"]) == step]
+    known = [f for f in known if not math.isnan(f)]
+    return max(known) if known else math.nan
 
 
 def anneal_plateaued(agents: list, narrowing, tournament, record: Population, step: int, max_steps: int,

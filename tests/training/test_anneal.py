@@ -145,3 +145,17 @@ def test_resume_across_an_anneal_is_exact(tmp_path):
     state, state2 = agents[0].shared.state_dict(agents[0].adapter_name()), again[0].shared.state_dict(
         again[0].adapter_name())
     assert list(state) == list(state2) and all(torch.equal(state[k], state2[k]) for k in state)
+
+
+def test_the_budget_spent_since_the_last_change_is_read_from_the_record():
+    from evollm.run.population import Population
+    from evollm.training.revival import changed_at
+
+    record = Population()
+    assert changed_at(record) == 0.0  # nothing changed yet: the run's start
+    record.selection_rows += [{"step": 2, "budget_fraction": 0.1}, {"step": 5, "budget_fraction": float("nan")},
+                              {"step": 5, "budget_fraction": 0.3}]
+    assert changed_at(record) == 0.3  # the last step's recorded fraction (a tournament row records none)
+    record.selection_rows.append({"step": 7, "budget_fraction": float("nan")})
+    nan = changed_at(record)
+    assert nan != nan  # unknown: plateau_patience then falls back to patience
