@@ -304,7 +304,8 @@ def run_population(task, cfg, rec: Recorder, mutate: bool, evo_set: list[str] = 
     return {"founders": founders, "population_size": len(members), "evo_steps": cfg.train.evo_steps,
             "evaluation_interval": cfg.train.evaluation_interval, "mutation": cfg.hpo.mutation.to_dict(),
             "selection": cfg.hpo.selection.to_dict(),
-            "narrowing": cfg.hpo.narrowing.to_dict() if hasattr(cfg.hpo, "narrowing") else None, "final_members": [hps(a) for a in live.get("agents", [])],
+            "narrowing": cfg.hpo.narrowing.to_dict() if hasattr(cfg.hpo, "narrowing") else None,
+            "final_members": [hps(a) for a in live.get("agents", [])],
             "revivals": [{k: r.get(k) for k in ("step", "kept", "dropped", "scores", "budget_fraction", "no_signal",
                                                 "reason", "rates")}
                          for r in getattr(live.get("record"), "selection_rows", []) if r["kind"] == "revival"]}

@@ -174,7 +174,8 @@ class NarrowingSection(Section):
     anneal_lr: float = option(0.5, "Factor on the learning rates at an anneal.")
     max_anneals: int = option(2, "Anneals per run at most.")
     anneal_share: float = option(0.1, "The share of the budget a plateau must last before an anneal, counted in "
-                                 "evaluations at the run's rate so far (at least `patience`; 0: `patience` alone). "
+                                 "evaluations at the rate the member training alone has been evaluated since it was chosen (at "
+                                 "least `patience`; 0: `patience` alone). "
                                  "Why: with a time budget a faster machine makes more evaluations, and `patience` of "
                                  "them without a new best then come by chance during a slow rise (measured: "
                                  "benchmarks/README.md, HPO section, 2026-11-28 afternoon).")

@@ -280,7 +280,7 @@ def anneal_plateaued(agents: list, narrowing, tournament, record: Population, st
         fitness = fitness_since_change(record, int(agent.index))
         fraction = budget_fraction(step, max_steps, narrowing.elapsed_s, max_time)
         patience = plateau_patience(narrowing.patience, len(fitness), fraction - changed_at(record),
-                                    getattr(narrowing, "anneal_share", 0.0))
+                                    narrowing.anneal_share)
         if not plateaued(fitness, patience, start=start):
             continue
         changed = scaled_learning_rates(agent, narrowing.anneal_lr)

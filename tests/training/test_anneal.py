@@ -44,7 +44,7 @@ def test_a_plateau_spans_a_share_of_the_budget_by_hand():
     assert plateau_patience(3, evaluations=30, spent=0.5, share=0.0) == 3  # the share off
     assert plateau_patience(3, evaluations=30, spent=0.0, share=0.1) == 3  # no budget spent: patience
     assert plateau_patience(3, evaluations=30, spent=float("nan"), share=0.1) == 3  # unknown: patience
-    assert plateau_patience(2, evaluations=9, spent=1.5, share=0.2) == 2  # past the budget: counted as all of it
+    assert plateau_patience(2, evaluations=30, spent=1.5, share=0.2) == 6  # past the budget: counted as all of it (not 4)
     assert plateau_patience(2, evaluations=100, spent=1.0, share=0.25) == 25
 
 
