@@ -194,6 +194,31 @@ def test_two_parts_directories_are_compared_seed_by_seed(tmp_path):
                     "(A ahead 1, behind 1, of 2)")
 
 
+def test_the_noise_floor_pairs_runs_that_handed_the_same_member_to_the_lone_phase(tmp_path, capsys):
+    """benchmarks.hpo.noise_floor: only seeds whose first lone evaluation has the same step and hyperparameters
+    count, read from a results JSON (FILE.json:ARM) and a parts directory alike; the spread by hand."""
+    from benchmarks.hpo.noise_floor import floor_lines, main
+
+    def run(arm, seed, lone_step, lr, final):
+        evals = [{"step": 10, "members": [1, 2], "hyperparameters": [{"lr": 1e-4}, {"lr": lr}]},
+                 {"step": lone_step, "members": [2], "hyperparameters": [{"lr": lr}]}]
+        return {**_run(arm, seed, [final]), "evaluations": evals}
+
+    a = [run("evollm", 0, 20, 2e-4, 0.7), run("evollm", 1, 20, 2e-4, 0.5), run("evollm", 2, 20, 3e-4, 0.6),
+         run("evollm", 3, 30, 2e-4, 0.6)]
+    (tmp_path / "a.json").write_text(json.dumps({"runs": a + [run("default", 0, 20, 2e-4, 0.1)]}))
+    (tmp_path / "b").mkdir()
+    for seed, lr, lone_step, final in ((0, 2e-4, 20, 0.6), (1, 2e-4, 20, 0.6), (2, 1e-4, 20, 0.6), (3, 2e-4, 20, 0.6)):
+        (tmp_path / "b" / f"no_mutation_seed{seed}.json").write_text(json.dumps(run("no_mutation", seed, lone_step, lr, final)))
+    assert main([f"{tmp_path / 'a.json'}:evollm", f"{tmp_path / 'b'}:no_mutation"]) == 0
+    out = capsys.readouterr().out
+    assert "4 seeds in both, seed 0: +0.100, seed 1: -0.100" in out  # seed 2: another lr; seed 3: another step
+    assert "seed 2" not in out and "seed 3" not in out
+    assert "2 same-lineage pairs: mean +0.000 ± 0.100, sd 0.141" in out
+    assert floor_lines([0.1, -0.1], seeds=(2,))[1] == "  a paired mean over 2 seeds of noise alone has se 0.100 (2 se: 0.200)"
+    assert floor_lines([0.1]) == ["1 same-lineage pair(s): too few for a spread"]
+
+
 def test_a_run_starts_from_the_same_random_state_whether_or_not_it_is_its_workers_first(tmp_path):
     """The first run of a worker also scores the base model (building an adapter draws from torch's
     generator): the run itself must not depend on it, or a seed's result depends on the job order."""
