@@ -117,6 +117,38 @@ def test_clone_is_independent(tiny, arithmetic_env):
     assert all(torch.equal(a, p) for a, p in zip(after_child, child.shared.parameters(child.adapter_name())))
 
 
+def test_a_member_trains_to_the_same_bits_whatever_the_adapters_parked_beside_it():
+    """Members share one base, and nothing of the others reaches a member's numbers: with two adapters of
+    other values parked beside it (or none), its samples and its trained weights are the same to the bit."""
+    from evollm.envs.reasoning import ReasoningGym
+    from evollm.recipes.warm_start import load_tiny_model
+    from evollm.tasks import ARITHMETIC_TEMPLATE, arithmetic_dataset, exact_match_reward
+
+    def train(others: int, seed: int) -> list:
+        torch.manual_seed(0)
+        model, tok = load_tiny_model(warm_start=False, seed=0)
+        train_set, test_set = arithmetic_dataset(n_train=64, n_test=8, digits=(1, 1), seed=0)
+        env = ReasoningGym(train_set, test_set, tok, exact_match_reward, ARITHMETIC_TEMPLATE, data_batch_size_per_gpu=4)
+        pop = make_grpo(model, tok, n=1 + others, lr=1e-2)
+        for i, a in enumerate(pop[1:]):
+            _randomise(a, seed + i)
+        member = pop[0]
+        _randomise(member, 0)
+        before = [p.detach().clone() for p in member.shared.parameters(member.adapter_name())]
+        for step in range(2):
+            torch.manual_seed(step)
+            prompts = env.reset()
+            ids, masks = member.get_action(prompts)
+            member.learn((ids, masks, torch.rand(len(prompts), 4)))
+        after = [p.detach().clone() for p in member.shared.parameters(member.adapter_name())]
+        assert any(not torch.equal(a, b) for a, b in zip(before, after))  # it did learn
+        return after
+
+    alone = train(0, 0)
+    for others, seed in ((2, 1), (2, 7)):
+        assert all(torch.equal(a, b) for a, b in zip(alone, train(others, seed)))
+
+
 def test_clone_copies_hyperparameters_and_hooks(tiny):
     model, tok = tiny
     parent = make_grpo(model, tok, n=1, lr=3e-4, beta=0.02)[0]
