@@ -35,8 +35,8 @@ def load(spec: str) -> tuple[str, dict[int, dict]]:
 
 
 def lone_signature(run: dict) -> tuple | None:
-    """``(step, hyperparameters)`` of the run's first evaluation with one live member, or ``None`` (the run
-    never narrowed to one, or it is a single run)."""
+    """``(step, hyperparameters)`` of the run's first evaluation with one live member (a single run's first
+    evaluation), or ``None`` when the run never narrowed to one member."""
     for evaluation in run.get("evaluations") or []:
         if len(evaluation.get("members") or []) == 1:
             hps = evaluation["hyperparameters"][0]
