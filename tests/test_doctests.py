@@ -6,7 +6,7 @@ import importlib
 import pytest
 
 MODULES = ("evollm.hpo.narrowing", "evollm.hpo.optuna_utils", "evollm.hpo.selection", "evollm.run.population", "evollm.run.search",
-           "benchmarks.hpo.arms", "benchmarks.hpo.run", "benchmarks.hpo.noise_floor")
+           "benchmarks.hpo.arms", "benchmarks.hpo.run", "benchmarks.hpo.noise_floor", "benchmarks.hpo.stats")
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -38,17 +38,27 @@ def curve(run: dict, checkpoints: int) -> list[float | None]:
     return [by.get(k + 1) for k in range(checkpoints)]
 
 
+def fixed_runs(runs: list[dict], checkpoints: int) -> dict[str, dict[int, list]]:
+    """``{point: {seed: curve}}`` of the fixed settings: the grid's points and the default run (a fixed setting
+    too: the library's learning rate, named ``grid:lr=... (default)``)."""
+    grid: dict[str, dict[int, list]] = {}
+    for r in runs:
+        if r["arm"].startswith("grid:"):
+            grid.setdefault(r["arm"], {})[r["seed"]] = curve(r, checkpoints)
+        elif r["arm"] == "default":
+            lr = next((v for k, v in sorted((r.get("hyperparameters") or {}).items()) if k.startswith("lr")), None)
+            grid.setdefault(f"grid:lr={lr:g} (default)" if lr else "grid:default", {})[r["seed"]] = curve(r, checkpoints)
+    return grid
+
+
 def arm_runs(runs: list[dict], checkpoints: int) -> dict[str, dict[int, list]]:
     """``{arm: {seed: curve}}``; the grid's points are folded into ``grid_best``: the point with the highest
     mean final score over its seeds (chosen after the fact)."""
     out: dict[str, dict[int, list]] = {}
-    grid: dict[str, dict[int, list]] = {}
     for r in runs:
-        target = grid.setdefault(r["arm"], {}) if r["arm"].startswith("grid:") else out.setdefault(r["arm"], {})
-        target[r["seed"]] = curve(r, checkpoints)
-        if r["arm"] == "default":  # a fixed setting too: the library's learning rate
-            lr = next((v for k, v in sorted((r.get("hyperparameters") or {}).items()) if k.startswith("lr")), None)
-            grid.setdefault(f"grid:lr={lr:g} (default)" if lr else "grid:default", {})[r["seed"]] = curve(r, checkpoints)
+        if not r["arm"].startswith("grid:"):
+            out.setdefault(r["arm"], {})[r["seed"]] = curve(r, checkpoints)
+    grid = fixed_runs(runs, checkpoints)
     if len(grid) > 1:
         best = max(grid, key=lambda a: mean_se([c[-1] for c in grid[a].values()])[0])
         out["grid_best"] = grid[best]
@@ -99,7 +109,36 @@ def summarise(runs: list[dict], checkpoints: int) -> dict:
                      and seeds[s][half] is not None and default[s][-1] is not None]
             row["half_minus_default_final"] = mean_se(diffs)
         rows[arm] = row
-    return {"arms": rows, "grid_choice": grid_choice, "half_fraction": (half + 1) / checkpoints if half >= 0 else None}
+    return {"arms": rows, "grid_choice": grid_choice, "half_fraction": (half + 1) / checkpoints if half >= 0 else None,
+            "fixed_at_half": fixed_at_half(runs, checkpoints)}
+
+
+def fixed_at_half(runs: list[dict], checkpoints: int) -> dict[str, tuple[float, float]]:
+    """For each fixed setting (:func:`fixed_runs`) with the default run's seeds: its score at half the budget
+    minus the default run's final score, paired by seed (mean, se). The best of them, chosen after the fact, is
+    what a search that returns one fixed setting could reach at half the budget even if it found the best
+    point for free: where it is below 0, the second question asks for more than any such search can give.
+
+    >>> runs = [{"arm": "default", "seed": s, "hyperparameters": {"lr": 1e-4},
+    ...          "checkpoints": [{"fraction": 0.5, "score": 0.5}, {"fraction": 1.0, "score": 0.8 + s / 10}]}
+    ...         for s in (0, 1)] + [{"arm": "grid:lr=0.0003", "seed": s,
+    ...          "checkpoints": [{"fraction": 0.5, "score": 0.7 + s / 5}, {"fraction": 1.0, "score": 0.9}]}
+    ...         for s in (0, 1)]
+    >>> {k: tuple(round(x, 3) for x in v) for k, v in fixed_at_half(runs, 2).items()}
+    {'grid:lr=0.0001 (default)': (-0.35, 0.05), 'grid:lr=0.0003': (-0.05, 0.05)}
+    """
+    half = half_checkpoint(checkpoints)
+    grid = fixed_runs(runs, checkpoints)
+    default = next((v for k, v in grid.items() if k.endswith("(default)")), None)
+    if half < 0 or not default:
+        return {}
+    out = {}
+    for point, seeds in grid.items():
+        diffs = [seeds[s][half] - default[s][-1] for s in seeds if s in default and seeds[s][half] is not None
+                 and default[s][-1] is not None]
+        if diffs:
+            out[point] = mean_se(diffs)
+    return out
 
 
 def half_label(summary: dict) -> str:
@@ -151,6 +190,13 @@ def verdict(summary: dict) -> str:
         m, se = arms[a]["evollm_minus_arm"]
         lines.append(f"- variant {a} − evollm, final (paired): {fmt_diff(-m, se)}; its score at {half_label(summary)} of "
                      f"the budget − default's final: {fmt_diff(*arms[a].get('half_minus_default_final', (math.nan, math.nan)))}")
+    fixed = summary.get("fixed_at_half") or {}
+    if len(fixed) > 1:
+        point = max(fixed, key=lambda k: fixed[k][0])
+        lines.append(f"- context: the best fixed setting at {half_label(summary)} of the budget, chosen after the fact "
+                     f"({point.split(':', 1)[1]}): − default's final {fmt_diff(*fixed[point])} (of "
+                     f"{len(fixed)} fixed settings; below 0, no search that returns one fixed setting reaches the "
+                     "default's final score in half its compute)")
     if "grid_best" in arms and "evollm_minus_arm" in arms["grid_best"]:
         lines.append(f"- context: evollm − the best grid point ({summary['grid_choice'].split(':', 1)[1]}): "
                      f"{fmt_diff(*arms['grid_best']['evollm_minus_arm'])}")
