@@ -372,35 +372,45 @@ def run_trials(task, cfg, rec: Recorder, sampler: str, trial_steps: int, startup
             "space": {k: str(v) for k, v in distributions.items()}}
 
 
-def decay_multiplier(kind: str, fraction: float, floor: float) -> float:
+def decay_multiplier(kind: str, fraction: float, floor: float, cooldown: float = 0.2) -> float:
     """The factor on every learning rate at ``fraction`` of the budget (``--lr-decay``): from 1 down to
-    ``floor`` at the end, linearly or along a half cosine."""
+    ``floor`` at the end, linearly or along a half cosine over the whole budget, or (``wsd``: warm-up, stable,
+    decay, without the warm-up) 1 until the last ``cooldown`` of the budget and linearly down to ``floor`` over it.
+
+    >>> [round(decay_multiplier("wsd", f, 0.1, 0.2), 3) for f in (0.0, 0.8, 0.9, 1.0)]
+    [1.0, 1.0, 0.55, 0.1]
+    """
     f = min(max(fraction, 0.0), 1.0)
-    shape = 1.0 - f if kind == "linear" else 0.5 * (1.0 + math.cos(math.pi * f))
+    if kind == "wsd":
+        shape = min(1.0, (1.0 - f) / cooldown) if cooldown > 0 else 1.0
+    else:
+        shape = 1.0 - f if kind == "linear" else 0.5 * (1.0 + math.cos(math.pi * f))
     return floor + (1.0 - floor) * shape
 
 
-def lr_decay_callback(clock: Clock, kind: str, floor: float):
+def lr_decay_callback(clock: Clock, kind: str, floor: float, cooldown: float = 0.2):
     """An experiment, not a library option: after every step (selection and mutation included) each
-    member's optimizer groups take the member's own (evolving) learning rate times
-    :func:`decay_multiplier` of the CPU budget spent, in the population and single-run arms alike."""
+    member's optimizer groups (every agent's, in an IPPO team) take the member's own (evolving) learning rate
+    times :func:`decay_multiplier` of the CPU budget spent, in the population and single-run arms alike."""
     from evollm.training.callbacks import Callback
 
     class _Decay(Callback):
         def on_step_complete(self, state):
-            m = decay_multiplier(kind, clock.cpu() / clock.budget, floor)
-            for agent in state.agents:
-                c = agent.config
-                base = {"actor": getattr(c, "lr_actor", c.lr), "critic": getattr(c, "lr_critic", None)}
-                for group in agent.optimizer.param_groups:
-                    group["lr"] = base[group["name"]] * m
+            m = decay_multiplier(kind, clock.cpu() / clock.budget, floor, cooldown)
+            for member in state.agents:
+                for agent in getattr(member, "agents", None) or [member]:
+                    c = agent.config
+                    base = {"actor": getattr(c, "lr_actor", None) or c.lr, "critic": getattr(c, "lr_critic", None)}
+                    for group in agent.optimizer.param_groups:
+                        group["lr"] = base[group["name"]] * m
     return _Decay()
 
 
 def run_arm(arm: str, task, cfg, clock: Clock, args) -> tuple[dict, Recorder]:
     rec = Recorder(clock)
     if getattr(args, "lr_decay", None):
-        rec.extra_callbacks.append(lr_decay_callback(clock, args.lr_decay, args.lr_floor))
+        rec.extra_callbacks.append(lr_decay_callback(clock, args.lr_decay, args.lr_floor,
+                                                     getattr(args, "lr_cooldown", 0.2)))
     if arm == "evollm":
         out = run_population(task, cfg, rec, mutate=True, evo_set=args.evo_set)
     elif arm == "no_mutation":

@@ -341,10 +341,12 @@ def main(argv: list[str] | None = None) -> int:
                    help="held-out report items (single-turn: cut from task.n_test, default half; games: seeds)")
     p.add_argument("--arms", nargs="+", default=list(BASE_ARMS), choices=BASE_ARMS)
     p.add_argument("--skip", nargs="*", default=[], help="arms to leave out (e.g. grid)")
-    p.add_argument("--lr-decay", choices=("cosine", "linear"), default=None,
+    p.add_argument("--lr-decay", choices=("cosine", "linear", "wsd"), default=None,
                    help="an experiment: decay every learning rate over the budget to --lr-floor of it (the "
                    "population and single-run arms; the tuners' trials keep theirs)")
     p.add_argument("--lr-floor", type=float, default=0.1, help="the --lr-decay factor at the end of the budget")
+    p.add_argument("--lr-cooldown", type=float, default=0.2, help="with --lr-decay wsd: the last share of the budget "
+                   "over which the rates fall to --lr-floor (constant before it)")
     p.add_argument("--cost-model", choices=("cpu", "gpu"), default="cpu",
                    help="how the budget is counted: 'cpu' seconds, or 'gpu': each CPU second a population spends "
                    "with N live members charged at what N members cost on one GPU, per member "
@@ -371,7 +373,8 @@ def main(argv: list[str] | None = None) -> int:
                         "--checkpoints", str(args.checkpoints), "--trial-steps", str(args.trial_steps),
                         "--tpe-startup", str(args.tpe_startup)] + \
         (["--report-size", str(args.report_size)] if args.report_size else []) + \
-        (["--lr-decay", args.lr_decay, "--lr-floor", str(args.lr_floor)] if args.lr_decay else []) + \
+        (["--lr-decay", args.lr_decay, "--lr-floor", str(args.lr_floor), "--lr-cooldown", str(args.lr_cooldown)]
+         if args.lr_decay else []) + \
         (["--device", args.device] if args.device != "cpu" else []) + \
         (["--cost-model", args.cost_model] + (["--cost-file", args.cost_file] if args.cost_file else [])
          if args.cost_model != "cpu" else []) + \

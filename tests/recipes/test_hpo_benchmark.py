@@ -123,6 +123,8 @@ def test_the_lr_decay_experiment_by_hand():
     assert decay_multiplier("cosine", 1.0, 0.1) == pytest.approx(0.1)
     assert decay_multiplier("linear", 0.25, 0.0) == pytest.approx(0.75)
     assert decay_multiplier("linear", 1.7, 0.2) == pytest.approx(0.2)       # past the budget: the floor
+    assert decay_multiplier("wsd", 0.5, 0.1, cooldown=0.2) == pytest.approx(1.0)   # constant until the last fifth
+    assert decay_multiplier("wsd", 0.95, 0.0, cooldown=0.2) == pytest.approx(0.25)  # a quarter of the cooldown left
 
 
 def _run(arm, seed, scores):
