@@ -251,9 +251,25 @@ def budget_kwargs(cfg, clock: Clock) -> dict:
     return {**out, **keep_best_kwargs(cfg)}
 
 
+def single_budget_kwargs(cfg, clock: Clock) -> dict:
+    """A single run's loop keywords: ``keep_best``, and with ``train.lr_cooldown`` set, the budget as
+    ``train.max_time`` (on the CPU clock, or the harness's own) so that the cool-down knows where the budget
+    ends, as the population's does. Without a cool-down the budget changes nothing in a single run (the harness
+    stops it at the same step), and it is left out, as before."""
+    out = keep_best_kwargs(cfg)
+    if getattr(cfg.train, "lr_cooldown", 0.0) > 0:
+        own_clock = clock.charged.cost is not None or clock.wall_budget
+        out.update(max_time=clock.budget, max_time_clock=clock.charged if own_clock else "cpu")
+    return out
+
+
 def keep_best_kwargs(cfg) -> dict:
-    """``keep_best`` as ``evollm train`` sets it from the config, for the library versions that have it."""
-    return {"keep_best": cfg.train.keep_best} if hasattr(cfg.train, "keep_best") else {}
+    """``keep_best`` (and ``lr_cooldown``) as ``evollm train`` sets them from the config, for the library versions
+    that have them."""
+    out = {"keep_best": cfg.train.keep_best} if hasattr(cfg.train, "keep_best") else {}
+    if getattr(cfg.train, "lr_cooldown", 0.0) > 0:
+        out.update(lr_cooldown=cfg.train.lr_cooldown, lr_cooldown_floor=cfg.train.lr_cooldown_floor)
+    return out
 
 
 #: the mutation operators off: a clone keeps its parent's hyperparameters and LoRA rank
@@ -317,7 +333,7 @@ def run_single(task, cfg, rec: Recorder, fixed: dict | None = None) -> dict:
     agent = members_of(cfg, task, None)[0]
     try:
         task.train([agent], seed=cfg.seed, max_steps=FOREVER, evaluation_interval=cfg.train.evaluation_interval,
-                   callbacks=[rec.callback(library_best)] + rec.extra_callbacks, **keep_best_kwargs(cfg))
+                   callbacks=[rec.callback(library_best)] + rec.extra_callbacks, **single_budget_kwargs(cfg, rec.clock))
     except OutOfBudget:
         pass
     return {"hyperparameters": hps(agent), "fixed": fixed or {}}

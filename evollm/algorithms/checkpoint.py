@@ -191,6 +191,7 @@ def write_agent(agent, path: Path) -> Path:
     if extra:
         save_tensors(extra, str(path / "modules.safetensors"))
     tensors, meta = optimizer_to_safetensors(agent.optimizer)
+    meta["lr_factor"] = float(getattr(agent, "lr_factor", 1.0))  # train.lr_cooldown: the groups' rates are scaled
     save_tensors(tensors, str(path / "optimizer.safetensors"))
     (path / "optimizer.json").write_text(json.dumps(meta, indent=1))
     info = {
@@ -240,6 +241,7 @@ def load_agent(agent, path: str | Path, merge_lora_configs: bool = False, verify
             safetensors_shapes(path / name)
     meta = json.loads((path / "optimizer.json").read_text())
     check_optimizer_lrs(agent, new_config, meta, path)
+    agent.lr_factor = float(meta.get("lr_factor", 1.0))
     adapters = {}
     for role in agent.ROLES:
         config, state = read_adapter(path / role_dir(role))
@@ -296,6 +298,10 @@ def check_optimizer_lrs(agent, config, meta: dict, where: Path) -> None:
     if len(saved) != len(expected):
         raise CheckpointError(f"checkpoint {where}: optimizer.json has {len(saved)} param groups, the member has "
                               f"{len(expected)}")
+    factor = meta.get("lr_factor", 1.0)  # a run cooling down (train.lr_cooldown) saves its scaled rates
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 0.0 <= factor <= 1.0:
+        raise CheckpointError(f"checkpoint {where}: optimizer.json gives lr_factor {factor!r}; valid: a number in [0, 1]")
+    expected = [(name, want * factor) for name, want in expected]
     for (name, want), (_, got) in zip(expected, saved):
         if isinstance(got, bool) or not isinstance(got, (int, float)) or not math.isclose(got, want, rel_tol=1e-6):
             raise CheckpointError(f"checkpoint {where}: optimizer.json gives param group {name!r} lr {got!r}, but "

@@ -66,6 +66,7 @@ class Member:
         self.last_mutation = None
         self.released = False
         self.default_founder = False  # the founder that kept the starting values (see population)
+        self.lr_factor = 1.0  # the factor on its rates in the optimizer's groups (train.lr_cooldown)
         self.quarantined, self.quarantine_reason = False, None
 
     @classmethod

@@ -343,6 +343,13 @@ class TrainSection(Section):
     keep_best: bool = option(False, "Keep the best evaluated state of the run (a clone of the member whose fitness "
                              "beat every earlier evaluation; saved with checkpoints) and return it as the best member "
                              "(best_member/, export) when no live member's last fitness reaches it.")
+    lr_cooldown: float = option(0.0, "Share of the budget at its end (of max_steps, or of max_time where that is "
+                                "further spent) over which every member's learning rates fall linearly to "
+                                "lr_cooldown_floor times their value, constant before it (WSD's stable-then-decay "
+                                "schedule; the member's hyperparameters, and mutations of them, keep their values); "
+                                "0: off.")
+    lr_cooldown_floor: float = option(0.1, "The factor on the learning rates at the end of the budget.",
+                                      when={"lr_cooldown": lambda v: v > 0})
     elite_path: str | None = option(None, "Folder of the saved elites (relative to output_dir; default "
                                     "output_dir/elites).",
                                     when={"save_elite": (True,)}, path=True)
@@ -374,6 +381,10 @@ class TrainSection(Section):
             raise ConfigError(f"train.keep_checkpoints must be >= 1 or null, got {self.keep_checkpoints}")
         if self.stop_grace is not None and not self.stop_grace > 0:
             raise ConfigError(f"train.stop_grace must be > 0 seconds or null, got {self.stop_grace}")
+        if not 0.0 <= self.lr_cooldown < 1.0:
+            raise ConfigError(f"train.lr_cooldown must be a share of the budget in [0, 1), got {self.lr_cooldown}")
+        if not 0.0 <= self.lr_cooldown_floor <= 1.0:
+            raise ConfigError(f"train.lr_cooldown_floor must be a factor in [0, 1], got {self.lr_cooldown_floor}")
 
     def checkpoint_interval(self) -> int:
         return self.evaluation_interval if self.checkpoint_every is None else self.checkpoint_every
@@ -387,7 +398,8 @@ class TrainSection(Section):
         out = Path(output_dir)
         return LoopSettings(max_steps=self.max_steps, evaluation_interval=self.evaluation_interval,
                             evo_steps=self.evo_steps, max_time=self.max_time, save_elite=self.save_elite,
-                            keep_best=self.keep_best, elite_path=self.elite_path or str(out / "elites"),
+                            keep_best=self.keep_best, lr_cooldown=self.lr_cooldown,
+                            lr_cooldown_floor=self.lr_cooldown_floor, elite_path=self.elite_path or str(out / "elites"),
                             checkpoint_dir=str(out / "checkpoints"), checkpoint_every=self.checkpoint_interval(),
                             keep_checkpoints=self.keep_checkpoints, stop_grace=self.stop_grace, resume=resume,
                             run_config=run_config, seed=int(seed), verbose=verbose)

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from .quarantine import DivergenceLimits
+from .schedule import validate_cooldown
 
 
 def _opt(default: Any, help: str) -> Any:
@@ -65,6 +66,10 @@ class LoopSettings:
     max_time_clock: Any = _opt("wall", "Clock of max_time and of the narrowing schedule: 'wall' seconds, 'cpu' "
                                "(this process's CPU seconds over all its threads), or a callable returning "
                                "seconds (a clock of your own, e.g. one that charges a cost model).")
+    lr_cooldown: float = _opt(0.0, "Share of the budget (max_steps, or max_time where further spent) at its end over "
+                              "which every member's learning rates fall linearly to lr_cooldown_floor times their "
+                              "value (constant before it); 0: off.")
+    lr_cooldown_floor: float = _opt(0.1, "The factor on the learning rates at the end of the cool-down.")
     narrowing: Any = _opt(None, "A Narrowing (evollm.hpo.narrowing): the worst members are released at fixed "
                           "fractions of the budget (successive halving into PBT); None: the population stays whole.")
 
@@ -88,6 +93,7 @@ class LoopSettings:
             raise ValueError(f"keep_checkpoints must be >= 1 or None, got {self.keep_checkpoints}")
         if self.stop_grace is not None and not self.stop_grace > 0:
             raise ValueError(f"stop_grace must be > 0 seconds or None, got {self.stop_grace}")
+        validate_cooldown(self.lr_cooldown, self.lr_cooldown_floor)
         if self.resume and self.checkpoint_dir is None:
             raise ValueError("resume=True needs checkpoint_dir (the folder holding the step_N checkpoints)")
 

@@ -1,0 +1,64 @@
+"""A learning-rate cool-down over the last share of the run's budget (``train.lr_cooldown``).
+
+Every member trains at its own learning rates (its hyperparameters, evolving with it) until the last
+``share`` of the budget, and then at those rates times a factor that falls linearly to ``floor`` at the end
+of the budget: the "stable, then decay" schedule of WSD (warm-up, stable, decay; MiniCPM, 2024), without the
+warm-up. The budget is the one the narrowing schedule reads (:func:`evollm.hpo.narrowing.budget_fraction`: the
+larger of ``step / max_steps`` and ``elapsed / max_time``), so a population and a single run with the same
+budget cool down over the same share of it.
+
+The factor scales the optimizer's param groups only; ``member.config`` keeps the rates the member's
+hyperparameters give (what mutation perturbs, what the report shows), and a mutation during the cool-down sets a
+new rate that the next step scales. ``member.lr_factor`` is the factor its param groups carry now; run
+checkpoints save it with the optimizer, so a resumed run checks the saved rates against it.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+
+def cooldown_factor(fraction: float, share: float, floor: float = 0.1) -> float:
+    """The factor on every learning rate with ``fraction`` of the budget spent: 1 until the last ``share`` of it,
+    then linearly down to ``floor`` at the end (``floor`` past it). ``share`` 0: always 1.
+
+    >>> [round(cooldown_factor(f, 0.2, 0.1), 3) for f in (0.0, 0.8, 0.9, 1.0, 1.5)]
+    [1.0, 1.0, 0.55, 0.1, 0.1]
+    >>> cooldown_factor(0.95, 0.0)
+    1.0
+    """
+    if not share > 0.0 or float(fraction) <= 1.0 - float(share) + 1e-12:
+        return 1.0
+    left = min(max(1.0 - float(fraction), 0.0), float(share))
+    return float(floor) + (1.0 - float(floor)) * left / float(share)
+
+
+def validate_cooldown(share: float, floor: float) -> None:
+    """One line naming the option for values no run can use."""
+    if not 0.0 <= float(share) < 1.0:
+        raise ValueError(f"lr_cooldown must be a share of the budget in [0, 1), got {share!r}")
+    if not 0.0 <= float(floor) <= 1.0:
+        raise ValueError(f"lr_cooldown_floor must be a factor in [0, 1], got {floor!r}")
+
+
+def agents_of(member) -> list:
+    """The agents whose optimizers a member steps: itself, or every agent of an IPPO team."""
+    return list(getattr(member, "agents", None) or [member])
+
+
+def apply_lr_factor(members: Sequence, factor: float) -> None:
+    """Set every param group of every member (each agent of a team) to the rate the member's hyperparameters give
+    it times ``factor``, and record ``factor`` as ``lr_factor``. Rates unchanged where the factor is 1 and was 1
+    (nothing to do before the cool-down)."""
+    for member in members:
+        for agent in agents_of(member):
+            if factor == 1.0 and getattr(agent, "lr_factor", 1.0) == 1.0:
+                continue
+            groups = getattr(agent.optimizer, "param_groups", None)
+            if groups is None:
+                raise ValueError(f"train.lr_cooldown: member {agent.index}'s optimizer "
+                                 f"({type(agent.optimizer).__name__}) has no param groups to scale")
+            rates = {g.get("name"): float(g["lr"]) for g in agent._param_groups()}
+            for group in groups:
+                group["lr"] = rates[group.get("name")] * factor
+            agent.lr_factor = float(factor)
