@@ -46,8 +46,10 @@ def fixed_runs(runs: list[dict], checkpoints: int) -> dict[str, dict[int, list]]
         if r["arm"].startswith("grid:"):
             grid.setdefault(r["arm"], {})[r["seed"]] = curve(r, checkpoints)
         elif r["arm"] == "default":
-            lr = next((v for k, v in sorted((r.get("hyperparameters") or {}).items()) if k.startswith("lr")), None)
-            grid.setdefault(f"grid:lr={lr:g} (default)" if lr else "grid:default", {})[r["seed"]] = curve(r, checkpoints)
+            hp = sorted((r.get("hyperparameters") or {}).items())
+            lr = next((v for k, v in hp if k.startswith("lr") or k.startswith("actor_learning_rate")), None)
+            grid.setdefault(f"grid:lr={lr:g} (default)" if lr else "grid:library (default)", {})[r["seed"]] = \
+                curve(r, checkpoints)
     return grid
 
 
