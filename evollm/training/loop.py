@@ -31,7 +31,7 @@ from .quarantine import check_members, evaluate_healthy, healthy, replace_quaran
 from ..algorithms.compat import wants_vllm
 from .compat import AGILERL_ONLY, agilerl_extras, pick_env, pick_selection, resolve_max_steps
 from .data_parallel import evaluate_data_parallel, seed_sampling
-from .schedule import apply_lr_factor, cooldown_factor
+from .schedule import budget_clock, clock_name, cool_down
 from .settings import LoopSettings, loop_settings
 
 
@@ -103,7 +103,7 @@ def evolve(pop: Sequence, train_step: Callable[[list, int], dict[int, dict]],
     spent_before = narrowing.elapsed_s if narrowing is not None else 0.0  # budget time of earlier processes
     on_train = getattr(tournament, "fitness", None) == "train"
     last_eval = _last_evaluation(record, state.step)
-    cool = lambda done: _cool_down(agents, s, done, spent_before + clock() - run_started)  # noqa: E731 (lr_cooldown)
+    cool = lambda done: cool_down(agents, s, done, spent_before + clock() - run_started)  # noqa: E731 (lr_cooldown)
     cool(state.step)
     for step in bar:
         torch.manual_seed(seed + step)
@@ -197,37 +197,10 @@ def evolve(pop: Sequence, train_step: Callable[[list, int], dict[int, dict]],
     return agents, record
 
 
-def budget_clock(kind) -> Callable[[], float]:
-    """Seconds on the budget's clock: ``"wall"`` (``time.perf_counter``), ``"cpu"`` (this process's
-    CPU time over all its threads, ``time.process_time``: on a shared machine the fairer budget), or
-    ``kind`` itself when it is a callable returning seconds."""
-    if callable(kind):
-        return kind
-    if kind == "wall":
-        return time.perf_counter
-    if kind == "cpu":
-        return time.process_time
-    raise ValueError(f"max_time_clock={kind!r} is not valid; choose 'wall', 'cpu' or a callable returning seconds")
-
-
-def clock_name(kind) -> str:
-    """``"wall"``, ``"cpu"``, or a callable clock's name (for log lines)."""
-    return kind if isinstance(kind, str) else getattr(kind, "__qualname__", type(kind).__name__)
-
-
 def _last_evaluation(record: Population, step: int) -> int:
     """Step of the last evaluation at or before ``step`` (0 when none): a resumed run keeps the rhythm of
     evaluations, including one a narrowing brought forward."""
     return max((int(r["step"]) for r in record.rows if int(r["step"]) <= step), default=0)
-
-
-def _cool_down(agents: list, s: LoopSettings, done: int, elapsed: float) -> None:
-    """``train.lr_cooldown``: every member's param groups at its rates times the cool-down's factor at the budget
-    spent after ``done`` steps (:mod:`evollm.training.schedule`)."""
-    if s.lr_cooldown > 0:
-        from evollm.hpo.narrowing import budget_fraction
-        fraction = dist.broadcast_object(budget_fraction(done, s.max_steps, elapsed, s.max_time))
-        apply_lr_factor(agents, cooldown_factor(fraction, s.lr_cooldown, s.lr_cooldown_floor))
 
 
 def _cut_due(narrowing, size: int, step: int, max_steps: int, elapsed: float, max_time: float | None) -> bool:

@@ -1,4 +1,5 @@
-"""A learning-rate cool-down over the last share of the run's budget (``train.lr_cooldown``).
+"""The run's budget: its clock (:func:`budget_clock`), and a learning-rate cool-down over its last share
+(``train.lr_cooldown``, :func:`cool_down`).
 
 Every member trains at its own learning rates (its hyperparameters, evolving with it) until the last
 ``share`` of the budget, and then at those rates times a factor that falls linearly to ``floor`` at the end
@@ -15,7 +16,10 @@ checkpoints save it with the optimizer, so a resumed run checks the saved rates 
 
 from __future__ import annotations
 
-from typing import Sequence
+import time
+from typing import Callable, Sequence
+
+from evollm.parallel import distributed as dist
 
 
 def cooldown_factor(fraction: float, share: float, floor: float = 0.1) -> float:
@@ -62,3 +66,30 @@ def apply_lr_factor(members: Sequence, factor: float) -> None:
             for group in groups:
                 group["lr"] = rates[group.get("name")] * factor
             agent.lr_factor = float(factor)
+
+
+def cool_down(agents: list, settings, done: int, elapsed: float) -> None:
+    """``train.lr_cooldown``: every member's param groups at its rates times the cool-down's factor at the budget
+    spent after ``done`` steps (``elapsed`` seconds on the budget's clock; ``settings``: the loop's)."""
+    if settings.lr_cooldown > 0:
+        from evollm.hpo.narrowing import budget_fraction
+        fraction = dist.broadcast_object(budget_fraction(done, settings.max_steps, elapsed, settings.max_time))
+        apply_lr_factor(agents, cooldown_factor(fraction, settings.lr_cooldown, settings.lr_cooldown_floor))
+
+
+def budget_clock(kind) -> Callable[[], float]:
+    """Seconds on the budget's clock: ``"wall"`` (``time.perf_counter``), ``"cpu"`` (this process's
+    CPU time over all its threads, ``time.process_time``: on a shared machine the fairer budget), or
+    ``kind`` itself when it is a callable returning seconds."""
+    if callable(kind):
+        return kind
+    if kind == "wall":
+        return time.perf_counter
+    if kind == "cpu":
+        return time.process_time
+    raise ValueError(f"max_time_clock={kind!r} is not valid; choose 'wall', 'cpu' or a callable returning seconds")
+
+
+def clock_name(kind) -> str:
+    """``"wall"``, ``"cpu"``, or a callable clock's name (for log lines)."""
+    return kind if isinstance(kind, str) else getattr(kind, "__qualname__", type(kind).__name__)
