@@ -18,7 +18,7 @@ import json
 import math
 from pathlib import Path
 
-from evollm.hpo.narrowing import DECLINE, STALL_PATIENCE, declined
+from evollm.hpo.lone import DECLINE, STALL_PATIENCE, declined
 
 
 def evollm_runs(source: str) -> list[dict]:

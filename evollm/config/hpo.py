@@ -194,6 +194,12 @@ class NarrowingSection(Section):
     tiebreak: str = option("default_first", "What orders equal scores at a cut: `default_first` (the default "
                            "founder's lineage, then the mean training reward of the last 10 steps) or `reward` "
                            "(the training rewards alone).", choices=("default_first", "reward"))
+    wait_se: float = option(0.0, "A cut waits until some member's held-out score is this many of its standard errors "
+                            "above the run's starting level (the median of the first evaluation), or until `wait_until` "
+                            "of the budget; every member trains on meanwhile (0: cuts act when due). For evaluations that "
+                            "come before any member has learnt, whose ranking is noise.")
+    wait_until: float | None = option(None, "With `wait_se`: the fraction of the budget after which a due cut acts "
+                                      "anyway (default: the last fraction of `at`).")
 
     def build(self):
         """The :class:`~evollm.hpo.narrowing.Narrowing`, or ``None`` when ``at`` is empty."""
@@ -206,7 +212,8 @@ class NarrowingSection(Section):
                              no_signal=self.no_signal, rollback=self.rollback, decline=self.decline,
                              rollback_lr=self.rollback_lr, max_rollbacks=self.max_rollbacks, decline_se=self.decline_se,
                              on_tie=self.on_tie, tiebreak=self.tiebreak, tie_se=self.tie_se, anneal=self.anneal,
-                             anneal_lr=self.anneal_lr, max_anneals=self.max_anneals, anneal_share=self.anneal_share)
+                             anneal_lr=self.anneal_lr, max_anneals=self.max_anneals, anneal_share=self.anneal_share,
+                             wait_se=self.wait_se, wait_until=self.wait_until)
         except ValueError as e:
             raise ConfigError(f"hpo.narrowing: {e}") from e
 

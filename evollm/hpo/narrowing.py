@@ -17,6 +17,9 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, Optional, Sequence
 
+from evollm.hpo.lone import (ANNEAL_LR, ANNEAL_SHARE, DECLINE, DECLINE_SE, MAX_ANNEALS, MAX_ROLLBACKS, ROLLBACK_LR,
+                             STALL_NO_SIGNAL, STALL_PATIENCE)
+
 
 def narrowed_size(size: int, keep: float, min_size: int) -> int:
     """Members left after one narrowing of ``size``: ``ceil(keep * size)``, at least ``min_size``
@@ -30,120 +33,6 @@ ON_TIE = ("cut", "one_rung")
 TIEBREAKS = ("default_first", "reward")
 #: training steps whose rewards break a narrowing's ties (:func:`recent_reward`)
 TIE_WINDOW = 10
-#: evaluations without a new best after which a member whose steps carry no signal has stalled (:func:`stalled`)
-STALL_PATIENCE = 3
-#: share of a member's recent steps without a learning signal for :func:`stalled`
-STALL_NO_SIGNAL = 0.5
-#: fall below the best state's fitness, as a share of it, that counts as a decline (:func:`declined`)
-DECLINE = 0.1
-#: standard errors of the best state's evaluation that a decline must also exceed (:func:`declined`)
-DECLINE_SE = 1.5
-#: factor on a member's learning rates when it rolls back to the best state (``Narrowing.rollback``)
-ROLLBACK_LR = 0.5
-#: roll-backs per run at most (the learning rate falls at most ``ROLLBACK_LR ** MAX_ROLLBACKS``-fold)
-MAX_ROLLBACKS = 2
-#: factor on a lone member's learning rates at a plateau (``Narrowing.anneal``)
-ANNEAL_LR = 0.5
-#: plateau decays per run at most (``Narrowing.anneal``)
-MAX_ANNEALS = 2
-#: share of the budget a plateau must last before an anneal, at least ``patience`` evaluations (``Narrowing.anneal_share``)
-ANNEAL_SHARE = 0.1
-
-
-def declined(fitness: Sequence[float], best: float, patience: int = STALL_PATIENCE, drop: float = DECLINE,
-             best_se: float = math.nan, z: float = DECLINE_SE) -> bool:
-    """Whether a member has fallen away from the run's best state: it has at least ``patience`` evaluations
-    since that state was measured (``fitness``, oldest first; the caller passes only those) and the mean of
-    the last ``patience`` is below ``best`` (the best state's fitness) by more than ``drop * |best|`` and by
-    more than ``z`` standard errors of the best state's evaluation (``best_se``; ignored when unknown). The
-    mean, not each one: one lucky evaluation on a fixed test set does not hide a fall, one unlucky one does
-    not make it. The standard errors: on a low score a tenth of it is within the evaluation's noise, and the
-    best of several evaluations is itself a lucky one (1.5 standard errors of one evaluation are about 1.3 of
-    the difference between it and a mean of three).
-
-    >>> declined([0.70, 0.59, 0.56, 0.61], best=0.70)  # mean 0.587 < 0.63
-    True
-    >>> declined([0.70, 0.66, 0.55, 0.70], best=0.70)  # mean 0.637: within 10 %
-    False
-    >>> declined([0.40, 0.30], best=0.70)  # fewer than patience evaluations
-    False
-    >>> declined([0.20, 0.19, 0.18], best=0.22, best_se=0.03)  # mean 0.19: 0.03 below, less than 1.5 se (0.045)
-    False
-    >>> declined([0.20, 0.19, 0.18], best=0.22, best_se=0.01)  # more than 10 % and 1.5 se below
-    True
-    """
-    recent = [float(f) for f in fitness][-int(patience):]
-    if len(recent) < int(patience) or not math.isfinite(float(best)) or any(math.isnan(f) for f in recent):
-        return False
-    margin = float(drop) * abs(float(best))
-    if math.isfinite(float(best_se)):
-        margin = max(margin, float(z) * float(best_se))
-    return sum(recent) / len(recent) < float(best) - margin
-
-
-def plateaued(fitness: Sequence[float], patience: int = STALL_PATIENCE, start: float = -math.inf) -> bool:
-    """Whether a member's held-out fitness has stopped rising: none of its last ``patience`` evaluations
-    (``fitness``, oldest first) is above its best before them (at least one evaluation before them; an
-    unmeasured one, NaN, decides nothing), and that best is above ``start`` (the level the run started from:
-    a member whose greedy play has not yet changed is not on a plateau, it has not begun).
-
-    >>> plateaued([0.69, 0.68, 0.66, 0.68])  # 0.69 not beaten in three evaluations
-    True
-    >>> plateaued([0.69, 0.68, 0.66, 0.70])  # a new best
-    False
-    >>> plateaued([0.69, 0.68, 0.66])  # not yet patience + 1 evaluations
-    False
-    >>> plateaued([0.26, 0.26, 0.26, 0.26], start=0.26)  # still at the starting level
-    False
-    """
-    fitness = [float(f) for f in fitness]
-    if len(fitness) <= patience:
-        return False
-    before, recent = fitness[:-patience], fitness[-patience:]
-    return not any(math.isnan(f) for f in recent) and max(recent) <= max(before) and max(before) > float(start)
-
-
-def plateau_patience(patience: int, evaluations: int, spent: float, share: float = ANNEAL_SHARE) -> int:
-    """Evaluations a plateau must last: at least ``patience``, and as many as span ``share`` of the budget at the
-    rate the member has been evaluated since it was last chosen or changed (``evaluations`` in ``spent`` of the
-    budget). A patience counted in evaluations alone is a smaller share of a longer run: with a time budget a
-    machine three times as fast makes three times the evaluations, and three in a row without a new best on a
-    noisy held-out score then come by chance during a slow rise. The rate is the lone member's own (a population's
-    evaluations cost more of the budget each). Without a budget share spent (or with ``share`` 0): ``patience``.
-
-    >>> plateau_patience(3, evaluations=5, spent=0.25)  # 20 evaluations per budget: 2 < 3
-    3
-    >>> plateau_patience(3, evaluations=20, spent=0.3)  # about 67 per budget: a tenth is 7
-    7
-    >>> plateau_patience(3, evaluations=20, spent=0.3, share=0.0)
-    3
-    """
-    if not share > 0.0 or not spent > 0.0 or not math.isfinite(float(spent)):
-        return int(patience)
-    return max(int(patience), int(math.ceil(float(share) * int(evaluations) / min(float(spent), 1.0) - 1e-9)))
-
-
-def stalled(fitness: Sequence[float], no_signal: Sequence[bool], patience: int = STALL_PATIENCE,
-            share: float = STALL_NO_SIGNAL) -> bool:
-    """Whether a member has stopped learning: none of its last ``patience`` evaluations (``fitness``, oldest
-    first) is above its best before them, *and* at least ``share`` of its training steps over those
-    evaluations (``no_signal``: one flag per step, True when the step had no learning signal, e.g. every
-    GRPO group with equal rewards) carried no signal. Flat fitness alone is not enough (a member may be
-    improving below the resolution of a greedy evaluation); flat fitness on steps whose samples all agree
-    is a policy that can no longer learn from its own samples.
-
-    >>> stalled([0.10, 0.22, 0.22, 0.21, 0.22], [True] * 9 + [False])
-    True
-    >>> stalled([0.10, 0.22, 0.22, 0.21, 0.25], [True] * 10)  # a new best: still learning
-    False
-    >>> stalled([0.10, 0.22, 0.22, 0.21, 0.22], [False] * 6 + [True] * 4)  # its steps still carry signal
-    False
-    >>> stalled([0.22, 0.22, 0.22], [True] * 10)  # not yet patience + 1 evaluations
-    False
-    """
-    if not no_signal or not plateaued(fitness, patience):
-        return False
-    return sum(bool(x) for x in no_signal) >= share * len(no_signal)
 
 
 def budget_fraction(step: int, max_steps: int, elapsed: Optional[float] = None,
@@ -192,7 +81,7 @@ class Narrowing:
             off; on SmolLM2, whose better rates show after 25 steps per member, the default run).
         revive: keep the best member each cut releases as a *reserve* (parked on the shared base: memory,
             no compute), and when a member training alone (the schedule finished, selection stopped) has
-            :func:`stalled` (``patience`` evaluations without a new best, at least ``no_signal`` of its
+            :func:`~evollm.hpo.lone.stalled` (``patience`` evaluations without a new best, at least ``no_signal`` of its
             steps without a learning signal), swap them: the stalled member is parked with its last fitness and the reserve
             trains on in its place, once per run. At the end the run returns the better of the two by
             their last held-out fitness, so a swap never hands back less than the stalled member scored.
@@ -206,7 +95,7 @@ class Narrowing:
         no_signal: share of the member's steps over those evaluations that must have had no learning signal
             (default 0.5).
         rollback: when a member training alone (the schedule finished, selection stopped) has
-            :func:`declined` (the mean of its last ``patience`` evaluations since the run's best evaluated
+            :func:`~evollm.hpo.lone.declined` (the mean of its last ``patience`` evaluations since the run's best evaluated
             state more than ``decline`` below it; only a best state measured at or after the last cut or stall swap,
             so a lucky evaluation among several members, or the plateau a swap left, is no member's bar), put a copy of that state (adapters, optimizer state,
             hyperparameters) in its place with ``rollback_lr`` times the lower of its and the fallen
@@ -217,7 +106,7 @@ class Narrowing:
             cuts favour the member whose play improves fastest, which is often a learning rate that then
             falls back alone (the game: lone survivors at lr 6e-4 to 9e-4 peaked at 0.55-0.70 and ended at
             0.40-0.52; benchmarks/README.md).
-        anneal: when a member training alone (the schedule finished, selection stopped) has :func:`plateaued`
+        anneal: when a member training alone (the schedule finished, selection stopped) has :func:`~evollm.hpo.lone.plateaued`
             (``patience`` evaluations without a new best since it was last chosen or changed), multiply its learning
             rates by ``anneal_lr`` in place (not below their search range; only once its best is above the run's
             first evaluation, the median over the members), at most ``max_anneals`` times per
@@ -234,7 +123,7 @@ class Narrowing:
             tens of steps between jumps, and the anneal halved rates twice that were still to jump, the default
             founder's 1e-4 among them.
         anneal_share: the share of the budget a plateau must last, in evaluations at the rate the member has been
-            evaluated since it was chosen (:func:`plateau_patience`; at least ``patience``; default 0.1, 0:
+            evaluated since it was chosen (:func:`~evollm.hpo.lone.plateau_patience`; at least ``patience``; default 0.1, 0:
             ``patience`` alone). Why: with a
             time budget a faster machine makes more evaluations, and three without a new best then come by
             chance during a slow rise: on a machine three times as fast as the one the anneal was measured on
@@ -268,6 +157,15 @@ class Narrowing:
         tiebreak: what orders equal scores at a cut: ``"default_first"`` (:func:`tie_rank`: the default
             founder's lineage, then the recent training rewards) or ``"reward"`` (:func:`recent_reward`
             alone). Default ``"default_first"``.
+        wait_se: a cut waits until a member has learnt something the evaluation can see (:func:`learnt`: a
+            held-out score above the run's starting level, the median of its first evaluation, by at least
+            ``wait_se`` of that member's standard error), or until ``wait_until`` of the budget; until then
+            every member trains on and each ranking looks again. Default 0 (off: cuts act when due). Why: on the
+            arithmetic tasks the cuts at 5 % and 10 % came after 10-20 steps per member, on scores within one
+            standard error of the start (signal-to-noise 0.3-0.6), and kept rates of 5e-5-1e-4 on a fifth to a
+            quarter of the seeds, which then ended 0.1-0.25 below the others (benchmarks/README.md).
+        wait_until: the fraction of the budget after which a due cut acts whether or not a member has learnt
+            (default ``None``: the last fraction of ``at``), so the search costs at most that share of it.
 
     A milestone is acted on at the first step that has a fresh ranking (an evaluation, or any step
     when the selection ranks on training rewards) at or after it. Several milestones crossed at once
@@ -281,7 +179,8 @@ class Narrowing:
                  decline: float = DECLINE, rollback_lr: float = ROLLBACK_LR, max_rollbacks: int = MAX_ROLLBACKS,
                  decline_se: float = DECLINE_SE, on_tie: str = "cut", tiebreak: str = "default_first",
                  tie_se: float = 0.0, anneal: bool = False, anneal_lr: float = ANNEAL_LR,
-                 max_anneals: int = MAX_ANNEALS, anneal_share: float = ANNEAL_SHARE) -> None:
+                 max_anneals: int = MAX_ANNEALS, anneal_share: float = ANNEAL_SHARE, wait_se: float = 0.0,
+                 wait_until: Optional[float] = None) -> None:
         at = [float(a) for a in at]
         if not at:
             raise ValueError("Narrowing.at must name at least one fraction of the budget")
@@ -315,6 +214,10 @@ class Narrowing:
             raise ValueError(f"Narrowing.anneal_share must be a share of the budget in [0, 1), got {anneal_share!r}")
         if not float(tie_se) >= 0.0:
             raise ValueError(f"Narrowing.tie_se must be >= 0 standard errors, got {tie_se!r}")
+        if not float(wait_se) >= 0.0:
+            raise ValueError(f"Narrowing.wait_se must be >= 0 standard errors, got {wait_se!r}")
+        if wait_until is not None and not 0.0 < float(wait_until) <= 1.0:
+            raise ValueError(f"Narrowing.wait_until must be a fraction of the budget in (0, 1], got {wait_until!r}")
         self.at = tuple(at)
         self.keep = float(keep)
         self.min_size = int(min_size)
@@ -328,13 +231,21 @@ class Narrowing:
         self.on_tie, self.tiebreak, self.tie_se = on_tie, tiebreak, float(tie_se)
         self.anneal, self.anneal_lr, self.max_anneals = bool(anneal), float(anneal_lr), int(max_anneals)
         self.anneal_share = float(anneal_share)
+        self.wait_se = float(wait_se)
+        self.wait_until = float(wait_until) if wait_until is not None else self.at[-1]
         self.passed = 0  # milestones acted on
         self.deferred = 0  # milestones due that the last cut left for the next regular ranking (on_tie)
         self.elapsed_s = 0.0  # budget-clock seconds spent before this process started (resume)
+        self.waited = 0  # rankings the due cut has waited for a member to learn (wait_se)
 
     def due(self, fraction: float) -> int:
         """How many milestones not yet acted on ``fraction`` has reached."""
         return sum(1 for a in self.at[self.passed:] if fraction >= a - 1e-12)
+
+    def waits(self, fraction: float, has_learnt: bool) -> bool:
+        """Whether a cut due at ``fraction`` of the budget waits (``wait_se``): no member has learnt yet
+        (``has_learnt``, :func:`learnt`) and ``wait_until`` is not reached."""
+        return self.wait_se > 0.0 and not has_learnt and fraction < self.wait_until - 1e-12
 
     def target(self, size: int, milestones: int) -> int:
         """Population size after acting on ``milestones`` milestones from ``size``."""
@@ -433,13 +344,15 @@ class Narrowing:
         return worst == best or (math.isfinite(margin) and worst - best < margin)
 
     def state_dict(self) -> dict:
-        """Milestones passed, budget seconds spent and the milestones the last cut deferred (JSON)."""
-        return {"passed": self.passed, "elapsed_s": self.elapsed_s, "deferred": self.deferred}
+        """Milestones passed, budget seconds spent, the milestones the last cut deferred and the rankings the
+        due cut has waited (JSON)."""
+        return {"passed": self.passed, "elapsed_s": self.elapsed_s, "deferred": self.deferred, "waited": self.waited}
 
     def load_state_dict(self, state: dict) -> None:
         self.passed = int(state["passed"])
         self.deferred = int(state.get("deferred", 0))
         self.elapsed_s = float(state.get("elapsed_s", 0.0))
+        self.waited = int(state.get("waited", 0))
 
     def __repr__(self) -> str:
         return (f"Narrowing(at={list(self.at)}, keep={self.keep}, min_size={self.min_size}, evaluate={self.evaluate}, "
@@ -447,12 +360,40 @@ class Narrowing:
                 f"rollback={self.rollback}, decline={self.decline}, rollback_lr={self.rollback_lr}, "
                 f"max_rollbacks={self.max_rollbacks}, on_tie={self.on_tie!r}, tiebreak={self.tiebreak!r}, "
                 f"tie_se={self.tie_se}, anneal={self.anneal}, anneal_lr={self.anneal_lr}, max_anneals={self.max_anneals}, "
-                f"anneal_share={self.anneal_share})")
+                f"anneal_share={self.anneal_share}, wait_se={self.wait_se}, wait_until={self.wait_until})")
 
     @property
     def finished(self) -> bool:
         """Whether every milestone has been acted on (the population is at its final size)."""
         return self.passed >= len(self.at)
+
+
+def learnt(scores: Sequence[float], stderrs: Sequence[float], start: float, z: float) -> bool:
+    """Whether any member has learnt something its evaluation can see: a score above ``start`` (the run's
+    starting level) by at least ``z`` of that member's standard error (``stderrs``, in the order of
+    ``scores``; an unknown one, NaN, or a zero one: by anything). Before that the members' scores differ by the
+    evaluation's noise, and a cut on them keeps members at random. With no starting level (``start`` not
+    finite) every member counts as having learnt.
+
+    >>> learnt([0.42, 0.405, 0.465], [0.035, 0.035, 0.035], start=0.41, z=2.0)  # 0.055 above: 1.6 se
+    False
+    >>> learnt([0.27, 0.12, 0.74], [0.031, 0.023, 0.031], start=0.17, z=2.0)
+    True
+    >>> learnt([0.30], [float("nan")], start=0.25, z=2.0)
+    True
+    >>> learnt([0.0, 0.0], [0.0, 0.0], start=0.0, z=2.0)  # nobody answers: no one has learnt
+    False
+    """
+    if not math.isfinite(float(start)):
+        return True
+    for score, se in zip(scores, stderrs):
+        score, se = float(score), float(se)
+        if math.isnan(score):
+            continue
+        gap = score - float(start)
+        if gap > 0.0 and (not math.isfinite(se) or gap >= float(z) * se):
+            return True
+    return False
 
 
 def _finite_or(value: float, default: float) -> float:

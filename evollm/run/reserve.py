@@ -2,7 +2,7 @@
 (``hpo.narrowing.revive``).
 
 A narrowed population trains its survivor alone. When that member stops learning (a GRPO policy whose
-samples all score alike has no gradient: :func:`evollm.hpo.narrowing.stalled`), nothing is left to replace
+samples all score alike has no gradient: :func:`evollm.hpo.lone.stalled`), nothing is left to replace
 it. The reserve is the runner-up of the latest cut, kept on the shared base (its adapters and optimizer
 state: memory, no compute). On a stall the loop swaps them once: the reserve trains on in the stalled
 member's place and the stalled member is parked with its last fitness. :meth:`Population.best` then

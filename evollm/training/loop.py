@@ -25,7 +25,8 @@ from evollm.run.reserve import Reserve
 from ..rollout import evaluate_population, generate_population
 from ..run.measure import member_tokens, with_costs
 from .dynamic_sampling import refill
-from .revival import anneal_plateaued, park_runner_up, rescue_quarantined, revive_stalled, roll_back_declined
+from .cuts import cut_due, narrow_population, ranking_stderr
+from .revival import anneal_plateaued, rescue_quarantined, revive_stalled, roll_back_declined
 from .callbacks import Callback, LoopState, call
 from .quarantine import check_members, evaluate_healthy, healthy, replace_quarantined, stop_if_none_healthy
 from ..algorithms.compat import wants_vllm
@@ -125,7 +126,7 @@ def evolve(pop: Sequence, train_step: Callable[[list, int], dict[int, dict]],
         if max_time is not None and elapsed >= max_time:
             stop = f"max_time={max_time:g}s ({clock_name(s.max_time_clock)} clock) reached after {done} steps"
         evaluated = False
-        cut = not on_train and done < max_steps and _cut_due(narrowing, len(agents), done, max_steps,
+        cut = not on_train and done < max_steps and cut_due(narrowing, len(agents), done, max_steps,
                                                              spent_before + elapsed, max_time)
         regular = done % evaluation_interval == 0 and done - last_eval >= evaluation_interval
         if regular or done == max_steps or stop or cut:
@@ -203,83 +204,6 @@ def _last_evaluation(record: Population, step: int) -> int:
     return max((int(r["step"]) for r in record.rows if int(r["step"]) <= step), default=0)
 
 
-def _cut_due(narrowing, size: int, step: int, max_steps: int, elapsed: float, max_time: float | None) -> bool:
-    """Whether ``narrowing`` (with ``evaluate`` on) has a milestone due that would release members of a
-    population of ``size``: the loop then brings the next regular evaluation forward to this step (that
-    interval's evaluation is not repeated at its usual step, so the run evaluates as often as without)."""
-    from evollm.hpo.narrowing import budget_fraction
-
-    if narrowing is None or not narrowing.evaluate or narrowing.passed >= len(narrowing.at) or narrowing.deferred:
-        return False  # milestones a tied cut deferred (on_tie: one_rung) wait for the next regular evaluation
-    due = narrowing.due(dist.broadcast_object(budget_fraction(step, max_steps, elapsed, max_time)))
-    return due > 0 and narrowing.target(size, due) < size
-
-
-def narrow_population(agents: list, narrowing, step: int, max_steps: int, max_time: float | None, tournament,
-                      record: Population, log: Callable[[str], None] | None = None):
-    """Act on the milestones of ``narrowing`` the budget has reached: rank the members (by the
-    selection's score when there is a selection, else by their last fitness), keep the best, release
-    the others (adapters and optimizer state freed on the shared base) and record them as dropped.
-    Returns ``(agents, result)``; ``result`` is ``None`` when nothing was due."""
-    from evollm.hpo.narrowing import budget_fraction
-    from evollm.hpo.selection import SelectionResult
-
-    fraction = dist.broadcast_object(budget_fraction(step, max_steps, narrowing.elapsed_s, max_time))
-    due = narrowing.due(fraction)
-    if not due:
-        return agents, None
-
-    def score(agent) -> float:
-        if getattr(agent, "quarantined", False):
-            return -math.inf
-        if tournament is not None:
-            return tournament.score(agent)
-        return agent.fitness[-1] if agent.fitness else -math.inf
-
-    scores = {int(a.index): float(score(a)) for a in agents}
-    protected = tournament.protected_ids(agents) if hasattr(tournament, "protected_ids") else []
-    ranks = tournament.rank_scores(agents, scores, protected) if protected else scores
-    stderr = {int(a.index): _stderr(tournament, a, record) for a in agents}
-    rank, error = (lambda a: ranks[int(a.index)]), (lambda a: stderr[int(a.index)])
-    kept, dropped = narrowing.narrow(agents, rank, due, tiebreak=narrowing.tie_key(), stderr=error)
-    if not dropped:  # already at the schedule's smallest size
-        return agents, None
-    if tournament is not None and hasattr(tournament, "resize"):
-        tournament.resize(len(kept))
-    best = max(kept, key=lambda a: (ranks[int(a.index)], -int(a.index)))
-    result = SelectionResult(elite=None, population=list(kept), dropped=list(dropped), scores=scores,
-                             best_index=int(best.index), protected=protected)
-    tied = narrowing.is_tied(kept, dropped, rank, error)
-    record.record_narrowing(result, step, fraction, stderr, source=getattr(tournament, "fitness", "last"), tied=tied,
-                            deferred=narrowing.deferred)
-    for agent in park_runner_up(dropped, lambda a: ranks[int(a.index)], narrowing, len(kept), tournament, record):
-        agent.release()
-    if log is not None:
-        snr = record.selection_rows[-1]["snr"]
-        hint = (" (below 1: the ranking was mostly noise; a later hpo.narrowing.at, a longer budget or more rows "
-                "per step would inform it)") if snr < 1 else ""
-        breaker = ("the default founder's lineage first, then the recent training rewards"
-                   if narrowing.tiebreak == "default_first" else "the recent training rewards")
-        within = f"scores within {narrowing.tie_se:g} standard errors" if narrowing.tie_se else "equal scores"
-        tie = f"; the cut fell between {within}: {breaker} broke the tie" if tied else ""
-        if narrowing.deferred:
-            tie += f"; {narrowing.deferred} more milestone(s) wait for the next ranking (hpo.narrowing.on_tie: one_rung)"
-        log(f"narrowing at step {step} ({fraction:.0%} of the budget): kept {[a.index for a in kept]}, "
-            f"released {[a.index for a in dropped]}; ranking signal-to-noise {snr:.2f}{hint}{tie}")
-    return list(kept), result
-
-
-def _stderr(tournament, agent, record: Population) -> float:
-    """Standard error of ``agent``'s ranking score (NaN when it cannot be told)."""
-    if tournament is None or not hasattr(tournament, "stderr"):
-        history = record.fitness_stderr(agent.index)
-        return history[-1] if history else math.nan
-    try:
-        return float(tournament.stderr(agent, record.fitness_stderr(agent.index)))
-    except ValueError:
-        return math.nan
-
-
 def _snapshot_for_checkpoints(agents: Sequence, callbacks: Sequence, state: LoopState) -> None:
     """Under DeepSpeed ZeRO every process holds a shard of each member's optimizer state: when a
     callback of process 0 will save after this step, gather the full states on every process first."""
@@ -313,7 +237,7 @@ def _evolve_once(agents: list, tournament, mutation, record: Population, step: i
         save_elite(elite)
     if hasattr(mutation, "observe"):  # the model-based explore learns from how each member did
         mutation.observe(agents, result.scores)
-    stderr = {int(a.index): _stderr(tournament, a, record) for a in agents}
+    stderr = {int(a.index): ranking_stderr(tournament, a, record) for a in agents}
     targets = list(result.mutate)
     if getattr(mutation, "mutate_elite", False) and result.elite is not None:
         targets.append(result.elite)

@@ -3,7 +3,7 @@
 At a cut after which the members left will train alone (fewer than the selection needs, or no
 selection), :func:`park_runner_up` keeps the best released member on the shared base as the reserve
 (:class:`~evollm.run.reserve.Reserve`). After each evaluation, :func:`revive_stalled` swaps a member that
-has stalled (:func:`~evollm.hpo.narrowing.stalled`: ``patience`` evaluations without a new best, at least
+has stalled (:func:`~evollm.hpo.lone.stalled`: ``patience`` evaluations without a new best, at least
 ``no_signal`` of its steps since without a learning signal) for the reserve, once per run. After a step
 that quarantined every live member, :func:`rescue_quarantined` brings the parked member back (the
 runner-up, or the member a stall swap parked) so the run trains on instead of stopping. After each
@@ -19,7 +19,8 @@ import statistics
 from typing import Callable, Sequence
 
 from evollm.hpo.defaults import DEFAULT_EVOLVED, LEARNING_RATES
-from evollm.hpo.narrowing import budget_fraction, declined, plateau_patience, plateaued, stalled
+from evollm.hpo.lone import declined, plateau_patience, plateaued, stalled
+from evollm.hpo.narrowing import budget_fraction
 from evollm.run.population import Population, describe_rates
 from .quarantine import healthy
 
@@ -165,7 +166,7 @@ def scaled_learning_rates(agent, factor: float, fell=None) -> dict[str, tuple[fl
 def roll_back_declined(agents: list, narrowing, tournament, record: Population, step: int, max_steps: int,
                        max_time: float | None, log: Callable[[str], None] | None = None) -> list:
     """After an evaluation: when the schedule is finished and the members train alone, a member that has
-    :func:`~evollm.hpo.narrowing.declined` from the run's kept best state (``record.kept``, when it was measured
+    :func:`~evollm.hpo.lone.declined` from the run's kept best state (``record.kept``, when it was measured
     at or after the last cut or swap (:func:`last_cut`): a best of several members, or the plateau a
     stall swap replaced, is not this member's to match; judged on the
     evaluations after it, beyond ``narrowing.decline_se`` standard errors of the state's evaluation) gives its place
@@ -260,7 +261,7 @@ def changed_at(record: Population) -> float:
 def anneal_plateaued(agents: list, narrowing, tournament, record: Population, step: int, max_steps: int,
                      max_time: float | None, log: Callable[[str], None] | None = None) -> list:
     """After an evaluation: when the schedule is finished and the members train alone, a member whose held-out
-    fitness has :func:`~evollm.hpo.narrowing.plateaued` (over :func:`~evollm.hpo.narrowing.plateau_patience`
+    fitness has :func:`~evollm.hpo.lone.plateaued` (over :func:`~evollm.hpo.lone.plateau_patience`
     evaluations: ``patience``, or more where they span less than ``narrowing.anneal_share`` of the budget) since the
     population last changed (its cut, a swap, a
     roll-back or an earlier anneal: :func:`fitness_since_change`), above the level the run started from

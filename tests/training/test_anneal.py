@@ -7,7 +7,7 @@ import torch
 from conftest import StopAt, lone_member_run
 
 from evollm.hpo import Narrowing
-from evollm.hpo.narrowing import plateau_patience, plateaued, stalled
+from evollm.hpo.lone import plateau_patience, plateaued, stalled
 from evollm.run import list_checkpoints
 from evollm.training.callbacks import Callback
 

@@ -230,3 +230,56 @@ def test_model_based_explore_reaches_the_members():
     assert ((clones["new_value"] >= 1e-4) & (clones["new_value"] <= 1e-2)).all()
     for agent in agents:
         assert agent.optimizer.param_groups[0]["lr"] == agent.config.lr
+
+
+def test_a_cut_waits_for_a_member_to_learn_then_acts_at_wait_until(capsys):
+    """wait_se: the untrained tiny model answers none of the test questions, so no member is above the start
+    (0) at the cut due at step 2 (20 % of 10 steps): it waits at steps 2 and 4, each logged, and acts at
+    step 6, the first ranking at or past wait_until (60 %), recording the two rankings it waited. A resumed
+    run waits as the original would (the count is saved with the schedule). Off, it acts at step 2."""
+    n = Narrowing(at=(0.2,), keep=0.5, wait_se=2.0, wait_until=0.6)
+    _, record = _run(narrowing=n, max_steps=10, verbose=True)
+    rows = record.selections().query("kind == 'narrowing'")
+    assert [(int(r.step), int(r.size_before), int(r.size_after), int(r.waited)) for r in rows.itertuples()] == \
+        [(6, 4, 2, 2)]
+    assert n.waited == 0  # the cut acted: nothing waits now
+    lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith("narrowing at step")]
+    assert [x.split(" (")[0] for x in lines] == ["narrowing at step 2", "narrowing at step 4", "narrowing at step 6"]
+    assert "waits: no member scores 2 standard errors above the start (0.000)" in lines[0] and "60%" in lines[0]
+    assert "waits" not in lines[2]
+    _, record = _run(narrowing=Narrowing(at=(0.2,), keep=0.5), max_steps=10)
+    rows = record.selections().query("kind == 'narrowing'")
+    assert [(int(r.step), int(r.waited)) for r in rows.itertuples()] == [(2, 0)]
+    waiting = Narrowing(at=(0.2,), wait_se=2.0)
+    waiting.waited = 1
+    resumed = Narrowing(at=(0.2,), wait_se=2.0)
+    resumed.load_state_dict(waiting.state_dict())
+    assert resumed.waited == 1 and resumed.wait_until == 0.2  # default: the last fraction of `at`
+
+
+def test_a_cut_that_waits_acts_once_a_member_scores_above_the_start(monkeypatch):
+    """The rule on scripted scores: the first evaluation's median (0.40) is the start; a member at 0.46 with a
+    standard error of 0.035 (1.7 se above) does not end the wait with wait_se 2, one at 0.48 (2.3 se) does,
+    and the cut then ranks as usual."""
+    from types import SimpleNamespace
+
+    from evollm.run.population import Population
+    from evollm.training.cuts import narrow_population
+
+    agents = [SimpleNamespace(index=i, fitness=[0.40], quarantined=False, default_founder=i == 0, scores=[0.0],
+                              released=False) for i in range(4)]
+    for a in agents:
+        a.release = lambda a=a: setattr(a, "released", True)
+    record = Population(agents)
+    record.record_evaluation(2, agents, [0.40, 0.39, 0.41, 0.40], extra={a.index: {"fitness_se": 0.035} for a in agents})
+    n = Narrowing(at=(0.2,), keep=0.5, wait_se=2.0, wait_until=0.9, revive=False)
+    for step, best in ((4, 0.46), (6, 0.48)):
+        for a, f in zip(agents, (0.40, 0.39, 0.41, best)):
+            a.fitness.append(f)
+        record.record_evaluation(step, agents, [a.fitness[-1] for a in agents],
+                                 extra={a.index: {"fitness_se": 0.035} for a in agents})
+        kept, result = narrow_population(agents, n, step, 10, None, None, record)
+        if step == 4:
+            assert result is None and n.waited == 2 - 1 and len(kept) == 4
+    assert result is not None and [a.index for a in kept] == [2, 3]
+    assert int(record.selections().iloc[-1]["waited"]) == 1 and n.waited == 0

@@ -9,7 +9,7 @@ import torch
 from conftest import StopAt, lone_member_run
 
 from evollm.hpo import Narrowing
-from evollm.hpo.narrowing import stalled
+from evollm.hpo.lone import stalled
 from evollm.run import list_checkpoints
 from evollm.run.population import Population
 from evollm.run.reserve import Reserve

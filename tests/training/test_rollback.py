@@ -9,7 +9,7 @@ import torch
 from conftest import StopAt, lone_member_run, make_grpo
 
 from evollm.hpo import HyperparameterConfig, Narrowing, RLParameter
-from evollm.hpo.narrowing import declined
+from evollm.hpo.lone import declined
 from evollm.run import list_checkpoints
 from evollm.training.callbacks import Callback
 from evollm.training.revival import scaled_learning_rates

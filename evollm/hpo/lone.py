@@ -1,0 +1,122 @@
+"""Evidence about a member training alone, as pure functions: has it stalled, declined from the run's best
+state, or stopped rising (the stall swap, the roll-back and the anneal of :class:`~evollm.hpo.narrowing.Narrowing`;
+the training loop acts on them in :mod:`evollm.training.revival`)."""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+#: evaluations without a new best after which a member whose steps carry no signal has stalled (:func:`stalled`)
+STALL_PATIENCE = 3
+#: share of a member's recent steps without a learning signal for :func:`stalled`
+STALL_NO_SIGNAL = 0.5
+#: fall below the best state's fitness, as a share of it, that counts as a decline (:func:`declined`)
+DECLINE = 0.1
+#: standard errors of the best state's evaluation that a decline must also exceed (:func:`declined`)
+DECLINE_SE = 1.5
+#: factor on a member's learning rates when it rolls back to the best state (``Narrowing.rollback``)
+ROLLBACK_LR = 0.5
+#: roll-backs per run at most (the learning rate falls at most ``ROLLBACK_LR ** MAX_ROLLBACKS``-fold)
+MAX_ROLLBACKS = 2
+#: factor on a lone member's learning rates at a plateau (``Narrowing.anneal``)
+ANNEAL_LR = 0.5
+#: plateau decays per run at most (``Narrowing.anneal``)
+MAX_ANNEALS = 2
+#: share of the budget a plateau must last before an anneal, at least ``patience`` evaluations (``Narrowing.anneal_share``)
+ANNEAL_SHARE = 0.1
+
+
+def declined(fitness: Sequence[float], best: float, patience: int = STALL_PATIENCE, drop: float = DECLINE,
+             best_se: float = math.nan, z: float = DECLINE_SE) -> bool:
+    """Whether a member has fallen away from the run's best state: it has at least ``patience`` evaluations
+    since that state was measured (``fitness``, oldest first; the caller passes only those) and the mean of
+    the last ``patience`` is below ``best`` (the best state's fitness) by more than ``drop * |best|`` and by
+    more than ``z`` standard errors of the best state's evaluation (``best_se``; ignored when unknown). The
+    mean, not each one: one lucky evaluation on a fixed test set does not hide a fall, one unlucky one does
+    not make it. The standard errors: on a low score a tenth of it is within the evaluation's noise, and the
+    best of several evaluations is itself a lucky one (1.5 standard errors of one evaluation are about 1.3 of
+    the difference between it and a mean of three).
+
+    >>> declined([0.70, 0.59, 0.56, 0.61], best=0.70)  # mean 0.587 < 0.63
+    True
+    >>> declined([0.70, 0.66, 0.55, 0.70], best=0.70)  # mean 0.637: within 10 %
+    False
+    >>> declined([0.40, 0.30], best=0.70)  # fewer than patience evaluations
+    False
+    >>> declined([0.20, 0.19, 0.18], best=0.22, best_se=0.03)  # mean 0.19: 0.03 below, less than 1.5 se (0.045)
+    False
+    >>> declined([0.20, 0.19, 0.18], best=0.22, best_se=0.01)  # more than 10 % and 1.5 se below
+    True
+    """
+    recent = [float(f) for f in fitness][-int(patience):]
+    if len(recent) < int(patience) or not math.isfinite(float(best)) or any(math.isnan(f) for f in recent):
+        return False
+    margin = float(drop) * abs(float(best))
+    if math.isfinite(float(best_se)):
+        margin = max(margin, float(z) * float(best_se))
+    return sum(recent) / len(recent) < float(best) - margin
+
+
+def plateaued(fitness: Sequence[float], patience: int = STALL_PATIENCE, start: float = -math.inf) -> bool:
+    """Whether a member's held-out fitness has stopped rising: none of its last ``patience`` evaluations
+    (``fitness``, oldest first) is above its best before them (at least one evaluation before them; an
+    unmeasured one, NaN, decides nothing), and that best is above ``start`` (the level the run started from:
+    a member whose greedy play has not yet changed is not on a plateau, it has not begun).
+
+    >>> plateaued([0.69, 0.68, 0.66, 0.68])  # 0.69 not beaten in three evaluations
+    True
+    >>> plateaued([0.69, 0.68, 0.66, 0.70])  # a new best
+    False
+    >>> plateaued([0.69, 0.68, 0.66])  # not yet patience + 1 evaluations
+    False
+    >>> plateaued([0.26, 0.26, 0.26, 0.26], start=0.26)  # still at the starting level
+    False
+    """
+    fitness = [float(f) for f in fitness]
+    if len(fitness) <= patience:
+        return False
+    before, recent = fitness[:-patience], fitness[-patience:]
+    return not any(math.isnan(f) for f in recent) and max(recent) <= max(before) and max(before) > float(start)
+
+
+def plateau_patience(patience: int, evaluations: int, spent: float, share: float = ANNEAL_SHARE) -> int:
+    """Evaluations a plateau must last: at least ``patience``, and as many as span ``share`` of the budget at the
+    rate the member has been evaluated since it was last chosen or changed (``evaluations`` in ``spent`` of the
+    budget). A patience counted in evaluations alone is a smaller share of a longer run: with a time budget a
+    machine three times as fast makes three times the evaluations, and three in a row without a new best on a
+    noisy held-out score then come by chance during a slow rise. The rate is the lone member's own (a population's
+    evaluations cost more of the budget each). Without a budget share spent (or with ``share`` 0): ``patience``.
+
+    >>> plateau_patience(3, evaluations=5, spent=0.25)  # 20 evaluations per budget: 2 < 3
+    3
+    >>> plateau_patience(3, evaluations=20, spent=0.3)  # about 67 per budget: a tenth is 7
+    7
+    >>> plateau_patience(3, evaluations=20, spent=0.3, share=0.0)
+    3
+    """
+    if not share > 0.0 or not spent > 0.0 or not math.isfinite(float(spent)):
+        return int(patience)
+    return max(int(patience), int(math.ceil(float(share) * int(evaluations) / min(float(spent), 1.0) - 1e-9)))
+
+
+def stalled(fitness: Sequence[float], no_signal: Sequence[bool], patience: int = STALL_PATIENCE,
+            share: float = STALL_NO_SIGNAL) -> bool:
+    """Whether a member has stopped learning: none of its last ``patience`` evaluations (``fitness``, oldest
+    first) is above its best before them, *and* at least ``share`` of its training steps over those
+    evaluations (``no_signal``: one flag per step, True when the step had no learning signal, e.g. every
+    GRPO group with equal rewards) carried no signal. Flat fitness alone is not enough (a member may be
+    improving below the resolution of a greedy evaluation); flat fitness on steps whose samples all agree
+    is a policy that can no longer learn from its own samples.
+
+    >>> stalled([0.10, 0.22, 0.22, 0.21, 0.22], [True] * 9 + [False])
+    True
+    >>> stalled([0.10, 0.22, 0.22, 0.21, 0.25], [True] * 10)  # a new best: still learning
+    False
+    >>> stalled([0.10, 0.22, 0.22, 0.21, 0.22], [False] * 6 + [True] * 4)  # its steps still carry signal
+    False
+    >>> stalled([0.22, 0.22, 0.22], [True] * 10)  # not yet patience + 1 evaluations
+    False
+    """
+    if not no_signal or not plateaued(fitness, patience):
+        return False
+    return sum(bool(x) for x in no_signal) >= share * len(no_signal)

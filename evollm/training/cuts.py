@@ -1,0 +1,110 @@
+"""The narrowing's cuts in the training loop: when one is due, whether it waits for a member to learn, and the
+cut itself (rank, keep the best, release the rest, record it). The schedule's rules are
+:class:`~evollm.hpo.narrowing.Narrowing`'s; this module applies them to the live members."""
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+from evollm.hpo.narrowing import budget_fraction, learnt
+from evollm.parallel import distributed as dist
+from evollm.run.population import Population
+from .revival import park_runner_up, starting_fitness
+
+
+def cut_due(narrowing, size: int, step: int, max_steps: int, elapsed: float, max_time: float | None) -> bool:
+    """Whether ``narrowing`` (with ``evaluate`` on) has a milestone due that would release members of a
+    population of ``size``: the loop then brings the next regular evaluation forward to this step (that
+    interval's evaluation is not repeated at its usual step, so the run evaluates as often as without)."""
+    if narrowing is None or not narrowing.evaluate or narrowing.passed >= len(narrowing.at) or narrowing.deferred \
+            or narrowing.waited:
+        return False  # milestones a tied cut deferred (on_tie: one_rung), or a cut waiting for a member to learn
+        # (wait_se), wait for the next regular evaluation
+    due = narrowing.due(dist.broadcast_object(budget_fraction(step, max_steps, elapsed, max_time)))
+    return due > 0 and narrowing.target(size, due) < size
+
+
+def narrow_population(agents: list, narrowing, step: int, max_steps: int, max_time: float | None, tournament,
+                      record: Population, log: Callable[[str], None] | None = None):
+    """Act on the milestones of ``narrowing`` the budget has reached: rank the members (by the
+    selection's score when there is a selection, else by their last fitness), keep the best, release
+    the others (adapters and optimizer state freed on the shared base) and record them as dropped.
+    Returns ``(agents, result)``; ``result`` is ``None`` when nothing was due."""
+    from evollm.hpo.selection import SelectionResult
+
+    fraction = dist.broadcast_object(budget_fraction(step, max_steps, narrowing.elapsed_s, max_time))
+    due = narrowing.due(fraction)
+    if not due or _waits(agents, narrowing, record, step, fraction, log):
+        return agents, None
+
+    def score(agent) -> float:
+        if getattr(agent, "quarantined", False):
+            return -math.inf
+        if tournament is not None:
+            return tournament.score(agent)
+        return agent.fitness[-1] if agent.fitness else -math.inf
+
+    scores = {int(a.index): float(score(a)) for a in agents}
+    protected = tournament.protected_ids(agents) if hasattr(tournament, "protected_ids") else []
+    ranks = tournament.rank_scores(agents, scores, protected) if protected else scores
+    stderr = {int(a.index): ranking_stderr(tournament, a, record) for a in agents}
+    rank, error = (lambda a: ranks[int(a.index)]), (lambda a: stderr[int(a.index)])
+    kept, dropped = narrowing.narrow(agents, rank, due, tiebreak=narrowing.tie_key(), stderr=error)
+    if not dropped:  # already at the schedule's smallest size
+        return agents, None
+    if tournament is not None and hasattr(tournament, "resize"):
+        tournament.resize(len(kept))
+    best = max(kept, key=lambda a: (ranks[int(a.index)], -int(a.index)))
+    result = SelectionResult(elite=None, population=list(kept), dropped=list(dropped), scores=scores,
+                             best_index=int(best.index), protected=protected)
+    tied = narrowing.is_tied(kept, dropped, rank, error)
+    record.record_narrowing(result, step, fraction, stderr, source=getattr(tournament, "fitness", "last"), tied=tied,
+                            deferred=narrowing.deferred, waited=narrowing.waited)
+    narrowing.waited = 0
+    for agent in park_runner_up(dropped, lambda a: ranks[int(a.index)], narrowing, len(kept), tournament, record):
+        agent.release()
+    if log is not None:
+        snr = record.selection_rows[-1]["snr"]
+        hint = (" (below 1: the ranking was mostly noise; a later hpo.narrowing.at, a longer budget or more rows "
+                "per step would inform it)") if snr < 1 else ""
+        breaker = ("the default founder's lineage first, then the recent training rewards"
+                   if narrowing.tiebreak == "default_first" else "the recent training rewards")
+        within = f"scores within {narrowing.tie_se:g} standard errors" if narrowing.tie_se else "equal scores"
+        tie = f"; the cut fell between {within}: {breaker} broke the tie" if tied else ""
+        if narrowing.deferred:
+            tie += f"; {narrowing.deferred} more milestone(s) wait for the next ranking (hpo.narrowing.on_tie: one_rung)"
+        log(f"narrowing at step {step} ({fraction:.0%} of the budget): kept {[a.index for a in kept]}, "
+            f"released {[a.index for a in dropped]}; ranking signal-to-noise {snr:.2f}{hint}{tie}")
+    return list(kept), result
+
+
+def ranking_stderr(tournament, agent, record: Population) -> float:
+    """Standard error of ``agent``'s ranking score (NaN when it cannot be told)."""
+    if tournament is None or not hasattr(tournament, "stderr"):
+        history = record.fitness_stderr(agent.index)
+        return history[-1] if history else math.nan
+    try:
+        return float(tournament.stderr(agent, record.fitness_stderr(agent.index)))
+    except ValueError:
+        return math.nan
+
+
+def _waits(agents: list, narrowing, record: Population, step: int, fraction: float,
+           log: Callable[[str], None] | None) -> bool:
+    """Whether the cut due now waits for a member to learn (``hpo.narrowing.wait_se``): no live member's last
+    held-out score is ``wait_se`` standard errors above the run's starting level (:func:`learnt`), and the budget
+    has not reached ``wait_until``. Counts the wait (``narrowing.waited``, recorded with the cut)."""
+    if not narrowing.wait_se > 0.0:
+        return False
+    live = [a for a in agents if not getattr(a, "quarantined", False)]
+    scores = [a.fitness[-1] if a.fitness else math.nan for a in live]
+    errors = [(record.fitness_stderr(a.index) or [math.nan])[-1] for a in live]
+    start = starting_fitness(record)
+    if not narrowing.waits(fraction, dist.broadcast_object(learnt(scores, errors, start, narrowing.wait_se))):
+        return False
+    narrowing.waited += 1
+    if log is not None:
+        log(f"narrowing at step {step} ({fraction:.0%} of the budget) waits: no member scores {narrowing.wait_se:g} "
+            f"standard errors above the start ({start:.3f}) yet; every member trains on until one does or "
+            f"{narrowing.wait_until:.0%} of the budget (hpo.narrowing.wait_se)")
+    return True
