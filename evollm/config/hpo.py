@@ -196,7 +196,7 @@ class NarrowingSection(Section):
                            "(the training rewards alone).", choices=("default_first", "reward"))
     wait_se: float = option(0.0, "A cut waits until some member's held-out score is this many of its standard errors "
                             "above the run's starting level (the median of the first evaluation), or until `wait_until` "
-                            "of the budget; every member trains on meanwhile (0: cuts act when due). For evaluations that "
+                            "of the budget; every member trains on meanwhile, without selection (0: cuts act when due). For evaluations that "
                             "come before any member has learnt, whose ranking is noise.")
     wait_until: float | None = option(None, "With `wait_se`: the fraction of the budget after which a due cut acts "
                                       "anyway (default: the last fraction of `at`).")

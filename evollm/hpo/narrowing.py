@@ -160,7 +160,8 @@ class Narrowing:
         wait_se: a cut waits until a member has learnt something the evaluation can see (:func:`learnt`: a
             held-out score above the run's starting level, the median of its first evaluation, by at least
             ``wait_se`` of that member's standard error), or until ``wait_until`` of the budget; until then
-            every member trains on and each ranking looks again. Default 0 (off: cuts act when due). Why: on the
+            every member trains on, the tournament waits too (no selection on a ranking that is noise), and
+            each ranking looks again. Default 0 (off: cuts act when due). Why: on the
             arithmetic tasks the cuts at 5 % and 10 % came after 10-20 steps per member, on scores within one
             standard error of the start (signal-to-noise 0.3-0.6), and kept rates of 5e-5-1e-4 on a fifth to a
             quarter of the seeds, which then ended 0.1-0.25 below the others (benchmarks/README.md).

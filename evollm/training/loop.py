@@ -172,7 +172,8 @@ def evolve(pop: Sequence, train_step: Callable[[list, int], dict[int, dict]],
                                           log if verbose else None)  # one that stopped rising: a lower rate (anneal)
                 state.agents = agents
         if evo_steps is not None and done % evo_steps == 0 and done < max_steps \
-                and len(agents) >= getattr(tournament, "min_population", 2):  # narrowed below it: train on
+                and len(agents) >= getattr(tournament, "min_population", 2) \
+                and not (narrowing is not None and narrowing.waited):  # narrowed below it, or a cut waits: train on
             dist.sync_rng(tournament, mutation)  # one source of randomness: process 0's
             if save_elite and zero.active():
                 zero.snapshot_members(agents)  # process 0 writes the elite: gather its optimizer state on all
