@@ -36,6 +36,7 @@ def narrow_population(agents: list, narrowing, step: int, max_steps: int, max_ti
     due = narrowing.due(fraction)
     if not due or _waits(agents, narrowing, record, step, fraction, log):
         return agents, None
+    waited, narrowing.waited = narrowing.waited, 0  # the cut acts now: nothing waits any more
 
     def score(agent) -> float:
         if getattr(agent, "quarantined", False):
@@ -59,8 +60,7 @@ def narrow_population(agents: list, narrowing, step: int, max_steps: int, max_ti
                              best_index=int(best.index), protected=protected)
     tied = narrowing.is_tied(kept, dropped, rank, error)
     record.record_narrowing(result, step, fraction, stderr, source=getattr(tournament, "fitness", "last"), tied=tied,
-                            deferred=narrowing.deferred, waited=narrowing.waited)
-    narrowing.waited = 0
+                            deferred=narrowing.deferred, waited=waited)
     for agent in park_runner_up(dropped, lambda a: ranks[int(a.index)], narrowing, len(kept), tournament, record):
         agent.release()
     if log is not None:
@@ -71,6 +71,8 @@ def narrow_population(agents: list, narrowing, step: int, max_steps: int, max_ti
                    if narrowing.tiebreak == "default_first" else "the recent training rewards")
         within = f"scores within {narrowing.tie_se:g} standard errors" if narrowing.tie_se else "equal scores"
         tie = f"; the cut fell between {within}: {breaker} broke the tie" if tied else ""
+        if waited:
+            tie += f"; it waited {waited} ranking(s) for a member to learn (hpo.narrowing.wait_se)"
         if narrowing.deferred:
             tie += f"; {narrowing.deferred} more milestone(s) wait for the next ranking (hpo.narrowing.on_tie: one_rung)"
         log(f"narrowing at step {step} ({fraction:.0%} of the budget): kept {[a.index for a in kept]}, "
@@ -103,7 +105,7 @@ def _waits(agents: list, narrowing, record: Population, step: int, fraction: flo
     if not narrowing.waits(fraction, dist.broadcast_object(learnt(scores, errors, start, narrowing.wait_se))):
         return False
     narrowing.waited += 1
-    if log is not None:
+    if log is not None and narrowing.waited == 1:  # once: with rankings on training rewards, one comes every step
         log(f"narrowing at step {step} ({fraction:.0%} of the budget) waits: no member scores {narrowing.wait_se:g} "
             f"standard errors above the start ({start:.3f}) yet; every member trains on, without selection, until one does or "
             f"{narrowing.wait_until:.0%} of the budget (hpo.narrowing.wait_se)")
