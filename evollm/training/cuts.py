@@ -13,14 +13,19 @@ from .revival import park_runner_up, starting_fitness
 
 
 def cut_due(narrowing, size: int, step: int, max_steps: int, elapsed: float, max_time: float | None) -> bool:
-    """Whether ``narrowing`` (with ``evaluate`` on) has a milestone due that would release members of a
-    population of ``size``: the loop then brings the next regular evaluation forward to this step (that
-    interval's evaluation is not repeated at its usual step, so the run evaluates as often as without)."""
-    if narrowing is None or not narrowing.evaluate or narrowing.passed >= len(narrowing.at) or narrowing.deferred \
-            or narrowing.waited:
-        return False  # milestones a tied cut deferred (on_tie: one_rung), or a cut waiting for a member to learn
-        # (wait_se), wait for the next regular evaluation
-    due = narrowing.due(dist.broadcast_object(budget_fraction(step, max_steps, elapsed, max_time)))
+    """Whether the loop should evaluate at this step for ``narrowing``'s sake (that interval's regular
+    evaluation is then not repeated at its usual step, so the run evaluates as often as without): a cut
+    waiting for a member to learn (``wait_se``) has reached ``wait_until``, so the wait ends there and the
+    search costs no more of the budget than that; or, with ``evaluate`` on, a milestone is due that would
+    release members of a population of ``size``."""
+    if narrowing is None or narrowing.passed >= len(narrowing.at) or narrowing.deferred:
+        return False  # milestones a tied cut deferred (on_tie: one_rung) wait for the next regular evaluation
+    fraction = dist.broadcast_object(budget_fraction(step, max_steps, elapsed, max_time))
+    if narrowing.waited:
+        return fraction >= narrowing.wait_until - 1e-12
+    if not narrowing.evaluate:
+        return False
+    due = narrowing.due(fraction)
     return due > 0 and narrowing.target(size, due) < size
 
 
