@@ -166,11 +166,11 @@ class Narrowing:
             each ranking looks again. Default 2 (0: cuts act when due). Why: on the arithmetic tasks the cuts
             at 5 % and 10 % came after 10-20 steps per member, on scores within about one standard error of the
             start (signal-to-noise 0.3-0.6); on REINFORCE 4 seeds of 16 kept rates of 4.7e-5-1.2e-4 that way and
-            ended 0.12-0.25 below the others. With the wait, against the same population without it (8-10 seeds
-            each, benchmarks/README.md, 2026-11-28): tiny GRPO +0.011 +- 0.018, REINFORCE +0.018 +- 0.040,
-            chain_calc +0.003 +- 0.019, the game +0.012 +- 0.023; the relay, whose first ranking already
-            separates the members, unchanged (it never waited). Where the first evaluation comes after
-            ``wait_until`` (SmolLM2's) it never waits either.
+            ended 0.12-0.25 below the others. With the wait, against the same population without it (16-20 seeds
+            each, benchmarks/README.md, "Cuts that wait for a member to learn"): tiny GRPO +0.025 +- 0.020,
+            REINFORCE +0.019 +- 0.021 (both now above the default run on 16 seeds of 16), chain_calc +0.004 +-
+            0.009, the game -0.016 +- 0.021 (within noise); the relay, whose first ranking already separates the
+            members, never waits.
         wait_until: the fraction of the budget after which a due cut acts whether or not a member has learnt
             (default ``None``: the last fraction of ``at``), so the search costs at most that share of it.
 
