@@ -194,10 +194,11 @@ class NarrowingSection(Section):
     tiebreak: str = option("default_first", "What orders equal scores at a cut: `default_first` (the default "
                            "founder's lineage, then the mean training reward of the last 10 steps) or `reward` "
                            "(the training rewards alone).", choices=("default_first", "reward"))
-    wait_se: float = option(2.0, "A cut waits until some member's held-out score is this many of its standard errors "
+    wait_se: float = option(0.0, "A cut waits until some member's held-out score is this many of its standard errors "
                             "above the run's starting level (the median of the first evaluation), or until `wait_until` "
-                            "of the budget; every member trains on meanwhile, without selection (0: cuts act when due). For evaluations that "
-                            "come before any member has learnt, whose ranking is noise.")
+                            "of the budget; every member trains on meanwhile, without selection (0: cuts act when due). "
+                            "For evaluations that come before any member has learnt, whose ranking is noise. Measured "
+                            "with 2 (benchmarks/README.md, HPO section): level overall, so off by default.")
     wait_until: float | None = option(None, "With `wait_se`: the fraction of the budget after which a due cut acts "
                                       "anyway (default: the last fraction of `at`).")
 

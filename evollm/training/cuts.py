@@ -112,6 +112,6 @@ def _waits(agents: list, narrowing, record: Population, step: int, fraction: flo
     narrowing.waited += 1
     if log is not None and narrowing.waited == 1:  # once: with rankings on training rewards, one comes every step
         log(f"narrowing at step {step} ({fraction:.0%} of the budget) waits: no member scores {narrowing.wait_se:g} "
-            f"standard errors above the start ({start:.3f}) yet; every member trains on, without selection, until one does or "
-            f"{narrowing.wait_until:.0%} of the budget (hpo.narrowing.wait_se)")
+            f"standard errors above the start ({start:.3f}) yet; every member trains on, without selection, until "
+            f"one does or {narrowing.wait_until:.0%} of the budget (hpo.narrowing.wait_se)")
     return True

@@ -135,8 +135,7 @@ def test_narrowing_releases_the_worst_members_and_records_them():
 
 
 def test_narrowing_to_one_member_ends_evolution_and_the_survivor_trains_on():
-    # wait_se=0: the untrained model scores 0 everywhere, and with the default wait both cuts would act at 40 %
-    agents, record = _run(narrowing=Narrowing(at=(0.2, 0.4), keep=0.5, min_size=1, wait_se=0.0), max_steps=8)
+    agents, record = _run(narrowing=Narrowing(at=(0.2, 0.4), keep=0.5, min_size=1), max_steps=8)
     assert len(agents) == 1  # 4 -> 2 -> 1, below the tournament's 2 members
     sel = record.selections()
     narrow = sel[sel["kind"] == "narrowing"]
@@ -237,7 +236,8 @@ def test_a_cut_waits_for_a_member_to_learn_then_acts_at_wait_until(capsys):
     """wait_se: the untrained tiny model answers none of the test questions, so no member is above the start
     (0) at the cut due at step 2 (20 % of 10 steps): it waits at steps 2 and 4 (logged once) and acts at step 6,
     the first ranking at or past wait_until (60 %), recording the two rankings it waited; the tournament (every 2
-    steps) waits with it. Where wait_until falls between evaluations, one is brought forward to it. A resumed run waits as the original would (the count is saved with the schedule). Off,
+    steps) waits with it. Where wait_until falls between evaluations, one is brought forward to it. A resumed run
+    waits as the original would (the count is saved with the schedule). Off,
     it acts at step 2."""
     n = Narrowing(at=(0.2,), keep=0.5, wait_se=2.0, wait_until=0.6)
     _, record = _run(narrowing=n, max_steps=10, verbose=True)
