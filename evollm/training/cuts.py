@@ -18,13 +18,12 @@ def cut_due(narrowing, size: int, step: int, max_steps: int, elapsed: float, max
     waiting for a member to learn (``wait_se``) has reached ``wait_until``, so the wait ends there and the
     search costs no more of the budget than that; or, with ``evaluate`` on, a milestone is due that would
     release members of a population of ``size``."""
-    if narrowing is None or narrowing.passed >= len(narrowing.at) or narrowing.deferred:
+    if narrowing is None or narrowing.passed >= len(narrowing.at) or narrowing.deferred \
+            or not (narrowing.waited or narrowing.evaluate):
         return False  # milestones a tied cut deferred (on_tie: one_rung) wait for the next regular evaluation
     fraction = dist.broadcast_object(budget_fraction(step, max_steps, elapsed, max_time))
     if narrowing.waited:
         return fraction >= narrowing.wait_until - 1e-12
-    if not narrowing.evaluate:
-        return False
     due = narrowing.due(fraction)
     return due > 0 and narrowing.target(size, due) < size
 
