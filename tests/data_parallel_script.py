@@ -123,7 +123,8 @@ def main(out: Path, cache_dir: str):
     save_file(member_tensors(members), str(out / f"ppo-whitened-rank{rank}.safetensors"))
     save_members(reinforce_scenario(dist.shard), out / f"reinforce-rank{rank}.safetensors")
     save_members(grpo_scenario(dist.shard), out / f"grpo-dapo-rank{rank}.safetensors")
-    dist.barrier()
+    dist.shutdown()  # as `evollm train` ends: every process waits, then the process group is closed
+    (out / f"shutdown-rank{rank}.json").write_text(json.dumps({"initialized": torch.distributed.is_initialized()}))
 
 if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).parent))

@@ -191,7 +191,7 @@ def main(out: Path):
     if rank == 0:  # process 0 alone writes: with no snapshot its collective gather would never return
         for i, agent in enumerate(Team.agents):
             agent.save_checkpoint(out / f"team-agent-{i}")
-    dist.barrier()
+    dist.shutdown()  # as `evollm train` ends: without it a process can abort in its teardown
 
 
 if __name__ == "__main__":

@@ -375,6 +375,7 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"evollm: error: {one_line(e)}", file=sys.stderr)
         return 2
+    dist.shutdown()  # under a launcher: every process ends together, and the group is closed before exit
     return 0
 
 

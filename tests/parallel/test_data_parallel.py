@@ -58,6 +58,8 @@ def test_population_is_identical_on_every_process(two_process_run):
     summary = json.loads((out / "run" / "summary.json").read_text())
     assert summary["num_processes"] == 2
     assert stdout.count("warm start: held-out") == 1  # only the main process prints
+    for rank in (0, 1):  # dist.shutdown, as `evollm train` ends: the process group is closed on every process
+        assert json.loads((out / f"shutdown-rank{rank}.json").read_text()) == {"initialized": False}
 
 
 def test_two_process_update_equals_one_process_update_on_the_same_global_batch(two_process_run):
