@@ -229,7 +229,7 @@ def barrier() -> None:
 
 def shutdown() -> None:
     """End a multi-process run cleanly: wait for every process, then destroy the process group. Call it
-    once the work is done (``evollm train`` does, on success). A process that exits with its group alive
+    once the work is done (the ``evollm`` command does, on success; ``recipes.cli.console``). A process that exits with its group alive
     can abort in its own teardown ("terminate called without an active exception", seen about once in
     ten ZeRO-3 runs on gloo), and the launcher then reports the finished run as failed. A no-op in a
     single process."""

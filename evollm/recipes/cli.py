@@ -375,8 +375,18 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"evollm: error: {one_line(e)}", file=sys.stderr)
         return 2
-    dist.shutdown()  # under a launcher: every process ends together, and the group is closed before exit
     return 0
+
+
+def console(argv: list[str] | None = None) -> int:
+    """The ``evollm`` command (and ``python -m evollm``): :func:`main`, then, under a multi-process launch,
+    every process waits for the others and the process group is closed before the process exits (a process
+    that exits with its group alive can abort in its teardown, and the launcher then reports a finished run
+    as failed). :func:`main` itself leaves the group open, for programs that call it more than once."""
+    code = main(argv)
+    if code == 0:
+        dist.shutdown()
+    return code
 
 
 def _restart_hint(run_dir: str | None, prefix: str = "") -> str:
@@ -411,4 +421,4 @@ def one_line(error: BaseException) -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(console())

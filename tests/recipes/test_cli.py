@@ -31,3 +31,24 @@ def test_config_errors_are_one_line(tmp_path, capsys):
     bad.write_text("algorithm: {name: PPO2}\n")
     assert main(["train", str(bad), "--set", f"output_dir={tmp_path / 'o'}"]) == 2
     assert "algorithm.name='PPO2' is not valid" in capsys.readouterr().err
+
+
+def test_the_command_closes_the_process_group_after_a_success_only(tmp_path, monkeypatch, capsys):
+    """`evollm` (recipes.cli.console) ends a launched run with dist.shutdown; main() leaves the group open for
+    programs that call it more than once, and an error leaves it to the launcher."""
+    import tomllib
+    from pathlib import Path
+
+    from evollm.parallel import distributed as dist
+    from evollm.recipes import cli
+
+    calls = []
+    monkeypatch.setattr(dist, "shutdown", lambda: calls.append(1))
+    missing = str(tmp_path / "missing")
+    assert cli.main(["report", missing]) == 2 and calls == []
+    assert cli.console(["report", missing]) == 2 and calls == []  # an error: no collective call
+    monkeypatch.setattr(cli, "main", lambda argv=None: 0)  # a command that succeeded
+    assert cli.console(["report", str(tmp_path)]) == 0 and calls == [1]
+    scripts = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts["evollm"] == "evollm.recipes.cli:console"
+    capsys.readouterr()
