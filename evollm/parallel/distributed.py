@@ -228,11 +228,10 @@ def barrier() -> None:
 
 
 def shutdown() -> None:
-    """End a multi-process run cleanly: wait for every process, then destroy the process group. Call it
-    once the work is done (the ``evollm`` command does, on success; ``recipes.cli.console``). A process that exits with its group alive
-    can abort in its own teardown ("terminate called without an active exception", seen about once in
-    ten ZeRO-3 runs on gloo), and the launcher then reports the finished run as failed. A no-op in a
-    single process."""
+    """End a multi-process run: wait for every process, then destroy the process group (the ``evollm``
+    command does this on success, :func:`evollm.recipes.cli.console`). A no-op in a single process.
+    It does not prevent the abort in the interpreter's teardown that ZeRO-3 on gloo shows about once in
+    ten launches ("terminate called without an active exception", after every output is written)."""
     global _STATE
     if is_distributed():
         dist.barrier()

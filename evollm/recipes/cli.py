@@ -379,10 +379,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def console(argv: list[str] | None = None) -> int:
-    """The ``evollm`` command (and ``python -m evollm``): :func:`main`, then, under a multi-process launch,
-    every process waits for the others and the process group is closed before the process exits (a process
-    that exits with its group alive can abort in its teardown, and the launcher then reports a finished run
-    as failed). :func:`main` itself leaves the group open, for programs that call it more than once."""
+    """The ``evollm`` command (and ``python -m evollm``): :func:`main`, then, after a success under a
+    multi-process launch, every process waits for the others and the process group is closed
+    (:func:`evollm.parallel.distributed.shutdown`). :func:`main` itself leaves the group open, for programs
+    that call it more than once in one process."""
     code = main(argv)
     if code == 0:
         dist.shutdown()

@@ -33,7 +33,7 @@ def test_config_errors_are_one_line(tmp_path, capsys):
     assert "algorithm.name='PPO2' is not valid" in capsys.readouterr().err
 
 
-def test_the_command_closes_the_process_group_after_a_success_only(tmp_path, monkeypatch, capsys):
+def test_the_command_closes_the_process_group_after_a_success_only(tmp_path, monkeypatch):
     """`evollm` (recipes.cli.console) ends a launched run with dist.shutdown; main() leaves the group open for
     programs that call it more than once, and an error leaves it to the launcher."""
     import tomllib
@@ -51,4 +51,3 @@ def test_the_command_closes_the_process_group_after_a_success_only(tmp_path, mon
     assert cli.console(["report", str(tmp_path)]) == 0 and calls == [1]
     scripts = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())["project"]["scripts"]
     assert scripts["evollm"] == "evollm.recipes.cli:console"
-    capsys.readouterr()
