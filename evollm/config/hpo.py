@@ -181,7 +181,8 @@ class NarrowingSection(Section):
                                  "benchmarks/README.md, HPO section, 2026-11-28 afternoon).")
     decline: float = option(0.1, "Fall below the best state's fitness, as a share of it, that triggers a roll-back.")
     decline_se: float = option(1.5, "Standard errors of the best state's evaluation that the fall must also exceed "
-                                    "(0: the share `decline` alone).")
+                                    "(0: the share `decline` alone), beyond the best state's luck (the expected "
+                                    "maximum of as many normal draws as there were evaluations since the last cut).")
     rollback_lr: float = option(0.5, "Factor on the learning rates of a roll-back's copy (not below their search range).")
     max_rollbacks: int = option(2, "Roll-backs per run at most (0: none).")
     on_tie: str = option("cut", "When several fractions of `at` are due at one ranking and the deepest cut would fall "

@@ -138,7 +138,13 @@ class Narrowing:
             (default 1.5; 0: the share alone). Why: on chain_calc (scores about 0.2, a tenth of which is
             0.02, within one standard error) the share alone rolled back on 7 of 8 seeds, twice on three,
             each time halving the rate; replayed on the runs without roll-backs, 1.5 standard errors leave
-            chain_calc's falls alone and keep 8 of the game's 10 (benchmarks/README.md).
+            chain_calc's falls alone and keep 8 of the game's 10 (benchmarks/README.md). Beyond those, the
+            fall must exceed the best state's own luck: it is the best of every evaluation since the last cut,
+            about :func:`~evollm.hpo.lone.expected_max_normal` of their number standard errors above its true
+            score on a flat curve (2.0 after 30 evaluations). Without that term, in runs of 40-50 evaluations,
+            the rule rolled back the default run's own trajectory on the game on 8 seeds of 20 (a run that
+            ends best at that rate), with it on 0 (benchmarks/README.md, "The roll-back and the luck of the
+            best state").
         rollback_lr: factor on the learning rates of a roll-back's copy (default 0.5), not below the
             lower end of their search range.
         max_rollbacks: roll-backs per run at most (default 2).

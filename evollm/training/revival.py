@@ -53,6 +53,12 @@ def member_evaluations(record: Population, index: int) -> list[tuple[int, float]
     return [(int(r["step"]), float(r["fitness"])) for r in record.rows if int(r["member"]) == index]
 
 
+def evaluations_between(record: Population, first: int, last: int) -> int:
+    """The run's evaluations (distinct steps) from step ``first`` to step ``last``, both included, at least 1:
+    how many evaluations a best state measured at ``last`` was the best of, since ``first`` (the last cut)."""
+    return max(1, len({int(r["step"]) for r in record.rows if int(first) <= int(r["step"]) <= int(last)}))
+
+
 def evaluation_stderr(record: Population, index: int | None, step: int | None) -> float:
     """Standard error of member ``index``'s held-out evaluation at ``step`` (NaN when not recorded)."""
     for r in record.rows:
@@ -169,7 +175,8 @@ def roll_back_declined(agents: list, narrowing, tournament, record: Population, 
     :func:`~evollm.hpo.lone.declined` from the run's kept best state (``record.kept``, when it was measured
     at or after the last cut or swap (:func:`last_cut`): a best of several members, or the plateau a
     stall swap replaced, is not this member's to match; judged on the
-    evaluations after it, beyond ``narrowing.decline_se`` standard errors of the state's evaluation) gives its place
+    evaluations after it, beyond ``narrowing.decline_se`` standard errors of the state's evaluation and the luck of
+    being the best of the evaluations since the last cut, :func:`evaluations_between`) gives its place
     to a copy of that state whose learning rates are ``narrowing.rollback_lr`` times the lower of the state's
     and the fallen member's (:func:`scaled_learning_rates`; at most
     ``narrowing.max_rollbacks`` times per run); the declined member is released. Recorded as a ``revival``
@@ -187,7 +194,8 @@ def roll_back_declined(agents: list, narrowing, tournament, record: Population, 
             continue
         fitness = fitness_since_change(record, int(agent.index), after=int(kept.step))
         if declined(fitness, kept.fitness, narrowing.patience, narrowing.decline,
-                    best_se=evaluation_stderr(record, kept.source, kept.step), z=narrowing.decline_se):
+                    best_se=evaluation_stderr(record, kept.source, kept.step), z=narrowing.decline_se,
+                    chosen_from=evaluations_between(record, last_cut(record), kept.step)):
             return _roll_back(agents, agent, fitness, kept, record, step, max_steps, max_time, narrowing, log)
     return agents
 

@@ -33,6 +33,12 @@ def test_declined_by_hand():
     assert not declined([0.19, 0.19, 0.19], best=0.22, best_se=0.021)  # 0.0315 > 0.03
     assert declined([0.62, 0.62, 0.62], best=0.70, best_se=math.nan)  # no standard error recorded: the share alone
     assert not declined([0.62, 0.62, 0.62], best=0.70, best_se=0.06)  # 0.08 below, 1.5 se = 0.09
+    # the best of several evaluations is a lucky one: the fall must also exceed that luck (E max of n normals)
+    assert declined([0.55, 0.55, 0.55], best=0.70, best_se=0.05, chosen_from=1)  # 0.15 > 1.5 se = 0.075
+    assert declined([0.55, 0.55, 0.55], best=0.70, best_se=0.05, chosen_from=5)  # (1.5 + 1.163) se = 0.133
+    assert not declined([0.55, 0.55, 0.55], best=0.70, best_se=0.05, chosen_from=10)  # (1.5 + 1.539) se = 0.152
+    assert declined([0.30, 0.30, 0.30], best=0.70, best_se=0.05, chosen_from=100)  # a collapse: (1.5 + 2.508) se = 0.2
+    assert declined([0.62, 0.62, 0.62], best=0.70, best_se=math.nan, chosen_from=30)  # no standard error: the share alone
 
 
 def test_narrowing_rejects_bad_rollback_settings():
@@ -181,6 +187,19 @@ def test_a_fall_within_the_noise_of_the_best_state_does_not_roll_back(monkeypatc
     assert "rollback" in set(record.selections()["reason"].dropna())
 
 
+def test_the_loop_counts_the_evaluations_the_best_state_was_the_best_of(monkeypatch):
+    """The loop hands :func:`declined` how many evaluations the kept state was chosen from: those from the last
+    cut to the state's step: first the cut's own evaluation at step 1 (one), then the best at step 2 (two)."""
+    import evollm.training.revival as revival
+
+    seen = []
+    real = revival.declined
+    monkeypatch.setattr(revival, "declined", lambda *a, **k: seen.append(k["chosen_from"]) or real(*a, **k))
+    _, record = _run(max_rollbacks=1)
+    assert seen[0] == 1 and seen[-1] == revival.evaluations_between(record, 1, 2) == 2 and set(seen) == {1, 2}
+    assert "rollback" in set(record.selections()["reason"].dropna())  # a fall to 0 still rolls back
+
+
 def test_resume_across_a_rollback_is_exact(tmp_path):
     agents, record = _run(tmp_path / "a")
     folder = tmp_path / "b"
@@ -201,7 +220,7 @@ def test_a_fall_is_measured_after_the_best_state_and_since_the_last_change():
     """The evaluations a roll-back judges: only those after the best state's step and after the population last
     changed (a cut, a swap, a roll-back); the last cut or swap is the one a best state must be measured at or after."""
     from evollm.run.population import Population
-    from evollm.training.revival import evaluation_stderr, fitness_since_change, last_cut
+    from evollm.training.revival import evaluation_stderr, evaluations_between, fitness_since_change, last_cut
 
     record = Population()
     record.rows = [{"step": s, "member": m, "fitness": f}
@@ -220,6 +239,9 @@ def test_a_fall_is_measured_after_the_best_state_and_since_the_last_change():
     assert last_cut(record) == 45
     record.rows[3]["fitness_se"] = 0.05
     assert evaluation_stderr(record, 1, 30) == 0.05  # the best state's, by its member and step
+    # the evaluations a best state at step 30 was the best of, since the cut at step 10: steps 10, 20 and 30
+    assert evaluations_between(record, 10, 30) == 3 and evaluations_between(record, 30, 30) == 1
+    assert evaluations_between(record, 60, 70) == 1  # none recorded: at least its own
     assert math.isnan(evaluation_stderr(record, 1, 40)) and math.isnan(evaluation_stderr(record, None, None))
 
 
