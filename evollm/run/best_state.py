@@ -7,8 +7,15 @@ fitness is at least every earlier one (a tie keeps the later state: it measured 
 test set and trained longer; greedy evaluations stay flat for long stretches while the sampled policy
 still improves). The clone is a whole member (adapters, optimizer state, hyperparameters) on the
 shared base that takes no further step. At the end :meth:`~evollm.run.population.Population.best`
-returns it when its fitness is strictly above every live member's last fitness, so ``best_member/``,
-the elite and ``evollm export`` hold the best state the run measured, not only the last one.
+returns it when its fitness, less its luck, is strictly above every live member's last fitness, so
+``best_member/``, the elite and ``evollm export`` hold the best state the run measured, not only the last one.
+
+Its luck: the kept state is the highest of every evaluation the run has made, so on a flat score it lies
+above its true fitness by about :func:`~evollm.hpo.lone.expected_max_normal` of their number standard errors
+of its evaluation (2.0 after 30 evaluations, 2.5 after 100), while a live member's last evaluation is not
+selected. Without that allowance a run whose held-out score is flat within the noise returns whichever old
+state drew the luckiest evaluation, and drops every later step; with it, the kept state is returned when the
+live members have fallen further than luck explains (a collapse), and the last state otherwise.
 
 Fitness is a greedy evaluation on a fixed test set, so the kept member's recorded fitness is the
 measured fitness of exactly its weights. The kept member is saved with every run checkpoint
@@ -25,6 +32,7 @@ from pathlib import Path
 from typing import Sequence
 
 from evollm.algorithms.checkpoint import write_agent
+from evollm.hpo.lone import expected_max_normal
 from .checkpoints import load_member
 
 KEPT_DIR = "kept_best"
@@ -80,11 +88,14 @@ class KeptBest:
         self.source: int | None = None  # id of the member it was copied from
         self.step: int | None = None  # completed steps when it was evaluated
         self.fitness = -math.inf
+        self.se = math.nan  # standard error of its evaluation (NaN: not recorded)
+        self.draws = 0  # member evaluations it was the best of (every finite fitness offered)
 
     def offer(self, agents: Sequence, fitness: Sequence[float], step: int) -> bool:
         """After an evaluation: keep a clone of its best member when its fitness is at least the kept
         one's (a tie keeps the later state); the previous kept member is released. Returns whether a new
         state was kept."""
+        self.draws += sum(1 for f in fitness if f is not None and math.isfinite(float(f)))
         best = best_of_evaluation(agents, fitness)
         if best is None or not best[1] >= self.fitness:
             return False
@@ -92,7 +103,16 @@ class KeptBest:
         clone = agent.clone()
         clone.record_fitness(best[1])
         self._replace(clone, source=int(agent.index), step=int(step), fitness=best[1])
+        stderr = getattr(fitness, "stderr", None)
+        self.se = float(stderr[best[0]]) if stderr is not None and stderr[best[0]] is not None else math.nan
         return True
+
+    def luck(self) -> float:
+        """How far above its true fitness the kept state's evaluation lies by chance, as the best of
+        :attr:`draws` evaluations: ``expected_max_normal(draws)`` standard errors of it (0 when unknown)."""
+        if self.member is None or not math.isfinite(self.se):
+            return 0.0
+        return expected_max_normal(max(int(self.draws), 1)) * self.se
 
     def _replace(self, member, source: int, step: int, fitness: float) -> None:
         if self.member is not None:
@@ -100,14 +120,17 @@ class KeptBest:
         self.member, self.source, self.step, self.fitness = member, source, step, float(fitness)
 
     def beats(self, members: Sequence) -> bool:
-        """Whether the kept state is strictly better than every evaluated member of ``members``."""
-        return self.member is not None and beats_members(self.fitness, members)
+        """Whether the kept state, less its :meth:`luck`, is strictly better than every evaluated member of
+        ``members``."""
+        return self.member is not None and beats_members(self.fitness - self.luck(), members)
 
     def info(self) -> dict:
-        """``{member, source, step, fitness}`` (JSON), or ``{}`` before the first evaluation."""
+        """``{member, source, step, fitness, se, draws}`` (JSON; ``se`` ``None`` when not recorded), or ``{}``
+        before the first evaluation."""
         if self.member is None:
             return {}
-        return {"member": int(self.member.index), "source": self.source, "step": self.step, "fitness": self.fitness}
+        return {"member": int(self.member.index), "source": self.source, "step": self.step, "fitness": self.fitness,
+                "se": self.se if math.isfinite(self.se) else None, "draws": self.draws}
 
     # ------------------------------------------------------------------ checkpoints
     def save(self, folder: Path) -> None:
@@ -123,8 +146,11 @@ class KeptBest:
         if self.member is not None:
             self.member.release()
         self.member, self.source, self.step, self.fitness = None, None, None, -math.inf
+        self.se, self.draws = math.nan, 0
         found = read_parked(folder, KEPT_DIR, KEPT_FILE, live)
         if found is not None:
             member, info = found
             self.member, self.source, self.step = member, info.get("source"), info.get("step")
             self.fitness = float(info["fitness"])
+            self.se = math.nan if info.get("se") is None else float(info["se"])
+            self.draws = int(info.get("draws", 0))  # a checkpoint written before draws were counted: 0

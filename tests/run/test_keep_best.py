@@ -105,6 +105,38 @@ def test_a_live_member_that_reaches_the_kept_fitness_is_preferred():
     assert first.released and kept.source == b.index  # the older kept state is given back
 
 
+def test_the_kept_state_is_discounted_by_the_luck_of_being_the_best_of_many_evaluations(tmp_path):
+    """With standard errors recorded, the kept state must beat the live members by more than its luck:
+    expected_max_normal(draws) of its standard error, draws counting every evaluation offered (not only those
+    it won). A collapse is still caught. The count and the error survive a checkpoint."""
+    from evollm.hpo.lone import expected_max_normal
+    from evollm.recipes.warm_start import load_tiny_model
+    from evollm.rollout.population import Fitness
+
+    model, tok = load_tiny_model(warm_start=False, seed=0)
+    a, b = make_grpo(model, tok, n=2)
+    kept = KeptBest()
+    assert kept.offer([a, b], Fitness([0.30, 0.55], stderr=[0.06, 0.05]), step=10)
+    assert (kept.se, kept.draws) == (0.05, 2)
+    assert kept.luck() == pytest.approx(expected_max_normal(2) * 0.05)  # 0.028
+    for step in range(20, 110, 10):  # nine flat evaluations of the one member left
+        assert not kept.offer([b], Fitness([0.45], stderr=[0.06]), step=step)
+    assert kept.draws == 11 and kept.luck() == pytest.approx(expected_max_normal(11) * 0.05)  # 1.586 se = 0.079
+    b.record_fitness(0.48)
+    assert kept.fitness > 0.48 and not kept.beats([b])  # 0.55 - 0.079 = 0.471: within its luck, the last state
+    b.fitness[-1] = 0.46
+    assert kept.beats([b])  # 0.471 > 0.46
+    b.fitness[-1] = 0.20
+    assert kept.beats([b])  # a collapse
+    kept.save(tmp_path)
+    again = KeptBest()
+    again.load(tmp_path, [a, b])
+    assert (again.se, again.draws, again.fitness, again.step) == (0.05, 11, 0.55, 10)
+    assert again.beats([b]) and again.luck() == pytest.approx(kept.luck())
+    plain = KeptBest()  # no standard error recorded (a custom evaluate): no discount, as before
+    assert plain.offer([a], [0.5], step=1) and plain.draws == 1 and math.isnan(plain.se) and plain.luck() == 0.0
+
+
 def test_the_kept_state_survives_an_interrupted_run_exactly(tmp_path):
     _, whole, _ = _run(tmp_path / "whole")
     with pytest.raises(KeyboardInterrupt):
