@@ -15,6 +15,7 @@ from typing import Sequence
 from ..envs.multiturn import TokenObservationWrapper
 from ..envs.team import TeamEpisode, TeamTask, play_rounds, team_seats
 from ..rollout import Episode, population_generate_fn, stack_episodes
+from ..rollout.population import Fitness, mean_stderr
 
 
 @dataclass
@@ -48,21 +49,25 @@ def play_teams(teams: Sequence, task: TeamTask, rows: Sequence[dict], training: 
     return TeamRollout(out_eps, experiences, out_seats)
 
 
-def evaluate_teams(teams: Sequence, task: TeamTask, record: bool = True) -> tuple[list[float], list[float]]:
+def evaluate_teams(teams: Sequence, task: TeamTask, record: bool = True) -> tuple[Fitness, list[float]]:
     """``(fitness, success)`` per team on the task's fixed evaluation rows, greedy: fitness is the mean
-    episode return, success the fraction of episodes reaching ``task.success_threshold``. Appends the
-    fitness to each team's ``fitness`` when ``record``."""
+    episode return (a :class:`~evollm.rollout.population.Fitness`, with each mean's standard error over the
+    episodes), success the fraction of episodes reaching ``task.success_threshold``. Appends the fitness to
+    each team's ``fitness`` when ``record``."""
     rows = task.eval_rows
     if not rows:
         raise ValueError("the task has no eval_dataset: fitness needs a fixed evaluation set")
-    totals = {t.index: [0.0, 0] for t in teams}
+    totals = {t.index: [0.0, 0, 0.0] for t in teams}  # return sum, successes, sum of squared returns
     for start in range(0, len(rows), task.eval_batch_size):
         out = play_teams(teams, task, rows[start:start + task.eval_batch_size], training=False)
         for t in teams:
             for ep in out.episodes[t.index]:
                 totals[t.index][0] += ep.episode_return
                 totals[t.index][1] += int(ep.episode_return >= task.success_threshold)
-    fitness = [totals[t.index][0] / len(rows) for t in teams]
+                totals[t.index][2] += float(ep.episode_return) ** 2
+    fitness = Fitness([totals[t.index][0] / len(rows) for t in teams],
+                      [mean_stderr(totals[t.index][0], totals[t.index][2], len(rows)) for t in teams],
+                      [totals[t.index][2] for t in teams])
     success = [totals[t.index][1] / len(rows) for t in teams]
     if record:
         for t, f in zip(teams, fitness):

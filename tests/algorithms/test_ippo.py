@@ -261,6 +261,12 @@ def test_evolved_teams_report_one_row_per_team_per_evaluation():
     assert all(t.fitness for t in teams_out)
     fitness, success = evaluate_teams(teams_out, task, record=False)
     assert all(0.0 <= f <= 1.0 for f in fitness) and all(0.0 <= s <= 1.0 for s in success)
+    # each team's mean has the standard error of its episodes' returns, as single-agent evaluations do
+    returns = [[ep.episode_return for ep in play_teams(teams_out, task, task.eval_rows, training=False).episodes[t.index]]
+               for t in teams_out]
+    for f, se, r in zip(fitness, fitness.stderr, returns):
+        assert f == pytest.approx(sum(r) / len(r))
+        assert se == pytest.approx(torch.tensor(r, dtype=torch.float64).std().item() / len(r) ** 0.5)
 
 
 def test_config_errors_are_one_line():
