@@ -340,9 +340,9 @@ class TrainSection(Section):
                                    "null: no evolution.")
     save_elite: bool = option(False, "Save the evaluated best member at every selection (elite_path/step_N) "
                               "and at the end (elite_path/final, also without evolution).")
-    keep_best: bool = option(False, "Keep the best evaluated state of the run (a clone of the member whose fitness "
-                             "beat every earlier evaluation; saved with checkpoints) and return it as the best member "
-                             "(best_member/, export) when no live member's last fitness reaches it.")
+    keep_best: bool = option(False, "Keep the best evaluated state of the run (a clone; saved with checkpoints) and "
+                             "return it as the best member (best_member/, export) when no live member's last fitness "
+                             "reaches it less its luck (the expected maximum of the run's evaluations, in its se).")
     lr_cooldown: float = option(0.0, "Share of the budget at its end (of max_steps, or of max_time where that is "
                                 "further spent) over which every member's learning rates fall linearly to "
                                 "lr_cooldown_floor times their value, constant before it (WSD's stable-then-decay "
