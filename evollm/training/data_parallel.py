@@ -39,15 +39,22 @@ def evaluate_data_parallel(agents: Sequence, env, evaluate_population, record: b
     view = ShardedTestSet(env)
     n = len(view.test_prompts())
     local = evaluate_population(agents, view, record=False) if n else [0.0] * len(agents)
-    local_sq = getattr(local, "sum_sq", None) or [0.0] * len(agents)
-    sums = dist.all_reduce_sum([f * n for f in local])
-    squares = dist.all_reduce_sum(list(local_sq)).tolist()
-    fitness = Fitness((sums / view.total).tolist(),
-                      [mean_stderr(float(t), q, view.total) for t, q in zip(sums, squares)], squares)
+    fitness = reduce_fitness(local, n, view.total)
     if record:
         for agent, f in zip(agents, fitness):
             agent.record_fitness(f)
     return fitness
+
+
+def reduce_fitness(local: Sequence[float], count: int, total: int) -> Fitness:
+    """The fitness of a whole evaluation from each process's share: ``local`` holds the means of this process's
+    ``count`` items (a :class:`Fitness` with ``sum_sq``; a plain list, or ``count`` 0, adds nothing to the squares),
+    ``total`` the items over every process. Sums and sums of squares are added up over the processes, so every
+    process gets the means and standard errors of one evaluation of all ``total`` items."""
+    squares = getattr(local, "sum_sq", None) or [0.0] * len(local)
+    sums = dist.all_reduce_sum([float(f) * count for f in local])
+    squares = dist.all_reduce_sum([float(q) for q in squares]).tolist()
+    return Fitness((sums / total).tolist(), [mean_stderr(float(t), q, total) for t, q in zip(sums, squares)], squares)
 
 
 def seed_sampling(seed: int, step: int) -> None:

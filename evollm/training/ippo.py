@@ -23,10 +23,9 @@ from evollm.parallel import distributed as dist
 from ..algorithms.ippo import IPPOConfig, IPPOTeam
 from ..algorithms.ippo_rollout import evaluate_teams, play_teams
 from ..envs.team import TeamTask
-from ..rollout.population import Fitness, mean_stderr
 from evollm.run.population import Population
 from .callbacks import Callback
-from .data_parallel import seed_sampling
+from .data_parallel import reduce_fitness, seed_sampling
 from .quarantine import healthy
 from .loop import closing_all, evolve, run_callbacks
 from .settings import LoopSettings, loop_settings
@@ -123,10 +122,8 @@ def evaluate_teams_data_parallel(teams: Sequence[IPPOTeam], task: TeamTask, reco
     local = copy.copy(task)
     local.eval_rows = dist.shard(task.eval_rows, "evaluation rows")
     fitness, success = evaluate_teams(teams, local, record=False)
-    squares = dist.all_reduce_sum(list(fitness.sum_sq)).tolist()
-    fitness, success = dist.all_reduce_mean(fitness).tolist(), dist.all_reduce_mean(success).tolist()
-    n = len(task.eval_rows)
-    fitness = Fitness(fitness, [mean_stderr(f * n, q, n) for f, q in zip(fitness, squares)], squares)
+    fitness = reduce_fitness(fitness, len(local.eval_rows), len(task.eval_rows))
+    success = dist.all_reduce_mean(success).tolist()
     if record:
         for team, f in zip(teams, fitness):
             team.record_fitness(f)

@@ -36,7 +36,7 @@ from ..rollout import Episode, EnvPool, collect_episodes, stack_episodes
 from ..rollout.population import Fitness, mean_stderr
 from ..run.measure import member_tokens, with_costs
 from .compat import AGILERL_ONLY, agilerl_extras, pick_selection
-from .data_parallel import seed_sampling
+from .data_parallel import reduce_fitness, seed_sampling
 from .quarantine import healthy
 from .loop import closing_all, evolve, learn_all, run_callbacks
 from .settings import LoopSettings, loop_settings
@@ -142,8 +142,8 @@ def finetune_llm_multiturn(pop: Sequence, max_turns: int, env_factory: Callable[
     def evaluate(agents):
         mine = dist.shard(eval_seeds, "evaluation episodes (eval_episodes)")
         fitness, episodes = evaluate_episodes(agents, pool, mine, max_turns, record=False)
-        if dist.is_distributed():  # every process the same fitness: the mean return over all seeds
-            fitness = dist.all_reduce_mean(fitness).tolist()
+        if dist.is_distributed():  # every process the same fitness: the mean return (and its error) over all seeds
+            fitness = reduce_fitness(fitness, len(mine), len(eval_seeds))
         if on_evaluation is not None:
             on_evaluation(progress["step"], agents, episodes)
         return fitness

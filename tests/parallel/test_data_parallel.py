@@ -98,6 +98,10 @@ def test_multiturn_and_team_populations_are_identical_on_every_process(two_proce
     assert f0 == f1 and any(len(f) >= 2 for f in f0)  # the same fitness (returns reduced over processes)
     assert stdout.count(warm_start) == 1  # only the main process prints
     assert json.loads((out / part / "summary.json").read_text())["num_processes"] == 2
+    import pandas as pd
+
+    report = pd.read_csv(out / part / "report.csv")  # each mean's standard error, over both processes' episodes
+    assert len(report) > 0 and report["fitness_se"].notna().all() and (report["fitness_se"] >= 0).all()
 
 
 def test_actor_critic_update_equals_one_process_update_on_the_same_global_batch(two_process_run):
@@ -157,3 +161,31 @@ def test_more_processes_than_gpus_is_one_line(monkeypatch):
     with pytest.raises(ValueError, match=r"^process 1 of this machine has no GPU of its own: 1 visible for 2 "
                                            r"processes; .*CUDA_VISIBLE_DEVICES= to run them on CPU \(gloo\)$"):
         distributed.init()
+
+
+def test_the_fitness_of_shares_is_the_fitness_of_the_whole_evaluation(monkeypatch):
+    """reduce_fitness adds each process's sums and sums of squares: two shares of [1, 0, 1] and [1, 0, 0, 0]
+    (means 2/3 and 1/4), reduced, are the mean and standard error of all seven items; one process's own share
+    comes back unchanged. (The sum over processes is stood in for by adding the two shares' lists.)"""
+    from evollm.rollout.population import Fitness, mean_stderr
+    from evollm.training import data_parallel
+
+    a, b = [1.0, 0.0, 1.0], [1.0, 0.0, 0.0, 0.0]
+    share = lambda x: Fitness([sum(x) / len(x)], [mean_stderr(sum(x), sum(v * v for v in x), len(x))],
+                              [sum(v * v for v in x)])
+    alone = data_parallel.reduce_fitness(share(a), 3, 3)  # one process: the share is the whole
+    assert alone == pytest.approx(share(a)) and alone.stderr == pytest.approx(share(a).stderr)
+    other = {"sums": [sum(b)], "squares": [sum(v * v for v in b)]}
+    calls = []
+
+    def add_other(values):  # this process's values plus the other process's, in the order reduce_fitness asks
+        extra = other["sums"] if not calls else other["squares"]
+        calls.append(values)
+        return torch.tensor([v + e for v, e in zip(values, extra)], dtype=torch.float64)
+
+    monkeypatch.setattr(data_parallel.dist, "all_reduce_sum", add_other)
+    whole = data_parallel.reduce_fitness(share(a), 3, 7)
+    both = a + b
+    assert whole == pytest.approx([3 / 7])
+    assert whole.stderr == pytest.approx([torch.tensor(both, dtype=torch.float64).std().item() / 7 ** 0.5])
+    assert whole.sum_sq == pytest.approx([3.0])
