@@ -13,6 +13,8 @@ before 2026-11-29). The standard error of an evaluation is the recorded one (``f
 the bound of a 0/1 reward, ``sqrt(p (1 - p) / n)`` with n the validation size.
 
     python -m benchmarks.hpo.replay_decline PARTS_DIR:default PARTS_DIR:grid_lr0.0004 --start 0.2 --z 1.5 3
+
+With ``--kept`` it replays instead which state the run hands back at its end (:func:`returns_kept`).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import json
 import math
 from pathlib import Path
 
-from evollm.hpo.lone import DECLINE, STALL_PATIENCE, declined
+from evollm.hpo.lone import DECLINE, STALL_PATIENCE, declined, expected_max_normal
 
 
 def runs_of(source: str) -> list[dict]:
@@ -74,16 +76,46 @@ def first_decline(run: dict, z: float, luck: bool = True, start: float = 0.0) ->
     return None
 
 
+def returns_kept(run: dict, luck: bool = True) -> bool:
+    """Whether the run's last ranking returns its kept best state (the highest evaluation of the run) instead of
+    a live member: the kept fitness, less its luck when ``luck`` (the expected maximum of every evaluation made,
+    in its standard errors; :meth:`evollm.run.best_state.KeptBest.beats`), above the live members' last.
+
+    >>> ev = lambda step, fs: {"step": step, "members": list(range(len(fs))), "fitness": fs, "fitness_se": [0.05] * len(fs)}
+    >>> flat = {"evaluations": [ev(10, [0.5, 0.4]), ev(20, [0.6])] + [ev(10 * i, [0.52]) for i in range(3, 12)]}
+    >>> returns_kept(flat, luck=False), returns_kept(flat)  # 0.60 - 1.59 se (the best of 11) = 0.52: not above
+    (True, False)
+    """
+    best, se, draws = -math.inf, math.nan, 0
+    for e in run["evaluations"]:
+        scores = e["fitness"]
+        errors = e.get("fitness_se") or [math.nan] * len(scores)
+        draws += sum(1 for f in scores if f is not None and math.isfinite(f))
+        i = max(range(len(scores)), key=lambda k: scores[k])
+        if scores[i] >= best:
+            best, se = scores[i], errors[i]
+    discount = expected_max_normal(max(draws, 1)) * se if luck and math.isfinite(se) else 0.0
+    return best - discount > max(run["evaluations"][-1]["fitness"])
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("sources", nargs="+")
     parser.add_argument("--z", type=float, nargs="+", default=[0.0, 1.0, 1.5, 2.0])
     parser.add_argument("--no-luck", action="store_true", help="the rule without the best state's luck")
+    parser.add_argument("--kept", action="store_true",
+                        help="instead: on how many seeds the run returns its kept best state rather than its last, "
+                             "with and without the luck discount")
     parser.add_argument("--start", type=float, default=0.0,
                         help="single runs: the share of their evaluations after which the trajectory is judged")
     args = parser.parse_args(argv)
     for source in args.sources:
         runs = runs_of(source)
+        if args.kept:
+            plain, lucky = (sum(returns_kept(r, luck=x) for r in runs) for x in (False, True))
+            print(f"{source}  an older state than the last returned: {plain} of {len(runs)} seeds; "
+                  f"less its luck: {lucky}")
+            continue
         for z in args.z:
             fired = {r["seed"]: first_decline(r, z, luck=not args.no_luck, start=args.start) for r in runs}
             hits = {s: (step, round(best, 3), round(se, 3)) for s, v in fired.items() if v for step, best, se in [v]}
