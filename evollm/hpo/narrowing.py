@@ -143,8 +143,8 @@ class Narrowing:
             about :func:`~evollm.hpo.lone.expected_max_normal` of their number standard errors above its true
             score on a flat curve (2.0 after 30 evaluations). Without that term, in runs of 40-50 evaluations,
             the rule rolled back the default run's own trajectory on the game on 8 seeds of 20 (a run that
-            ends best at that rate), with it on 0 (benchmarks/README.md, "The roll-back and the luck of the
-            best state").
+            ends best at that rate), with it on 0 (benchmarks/README.md, "The best of many evaluations is a
+            lucky one").
         rollback_lr: factor on the learning rates of a roll-back's copy (default 0.5), not below the
             lower end of their search range.
         max_rollbacks: roll-backs per run at most (default 2).
