@@ -49,7 +49,9 @@ def expected_max_normal(n: int) -> float:
     h, total = 0.001, 0.0  # E[max] = integral of x n phi(x) Phi(x)^(n-1) dx, by the midpoint rule on [-9, 9]
     for i in range(18000):
         x = -9.0 + (i + 0.5) * h
-        total += x * n * math.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi) * (0.5 * math.erfc(-x / math.sqrt(2.0))) ** (n - 1)
+        density = math.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi)
+        below = 0.5 * math.erfc(-x / math.sqrt(2.0))
+        total += x * n * density * below ** (n - 1)
     return total * h
 
 
