@@ -152,6 +152,10 @@ class NarrowingSection(Section):
                           "`no_signal` of its steps without a learning signal: every GRPO group's rewards equal), the reserve trains on "
                           "in its place, once per run, and the better of the two by held-out fitness is returned "
                           "(measured on SmolLM2, where a lone member can collapse onto a plateau: benchmarks/README.md).")
+    revive_rate: str = option("own", "The learning rates the reserve trains on after a stall swap: `own` (its own) or "
+                              "`between` (the geometric mean of its own and the stalled member's: between a rate that "
+                              "stalled and one that lost the cut; measured on SmolLM2, benchmarks/README.md).",
+                              choices=("own", "between"))
     patience: int = option(3, "Evaluations without a new best fitness before a member whose steps carry no learning "
                            "signal counts as stalled (with `revive`).")
     no_signal: float = option(0.5, "Share of the member's steps over those `patience` evaluations that had no learning "
@@ -210,7 +214,8 @@ class NarrowingSection(Section):
         from evollm.hpo.narrowing import Narrowing
         try:
             return Narrowing(at=self.at, keep=self.keep, min_size=self.min_size, evaluate=self.evaluate,
-                             incumbent=self.incumbent, revive=self.revive, patience=self.patience,
+                             incumbent=self.incumbent, revive=self.revive, revive_rate=self.revive_rate,
+                             patience=self.patience,
                              no_signal=self.no_signal, rollback=self.rollback, decline=self.decline,
                              rollback_lr=self.rollback_lr, max_rollbacks=self.max_rollbacks, decline_se=self.decline_se,
                              on_tie=self.on_tie, tiebreak=self.tiebreak, tie_se=self.tie_se, anneal=self.anneal,

@@ -55,6 +55,22 @@ def expected_max_normal(n: int) -> float:
     return total * h
 
 
+def rate_between(own: float, other: float) -> float:
+    """The learning rate halfway between ``own`` and ``other`` on the log scale the search samples rates on
+    (their geometric mean): where a stall swap's reserve trains on (``hpo.narrowing.revive_rate``), between a
+    rate that stalled and one that lost the cut.
+
+    >>> round(rate_between(5e-5, 8e-4), 10)  # a sixteenth apart: four times the lower
+    0.0002
+    >>> rate_between(3e-4, 3e-4)
+    0.0003
+    """
+    own, other = float(own), float(other)
+    if not (own > 0.0 and other > 0.0 and math.isfinite(own) and math.isfinite(other)):
+        raise ValueError(f"rate_between needs two positive finite learning rates, got {own!r} and {other!r}")
+    return math.sqrt(own * other)
+
+
 def declined(fitness: Sequence[float], best: float, patience: int = STALL_PATIENCE, drop: float = DECLINE,
              best_se: float = math.nan, z: float = DECLINE_SE, chosen_from: int = 1) -> bool:
     """Whether a member has fallen away from the run's best state: it has at least ``patience`` evaluations

@@ -31,6 +31,8 @@ def narrowed_size(size: int, keep: float, min_size: int) -> int:
 ON_TIE = ("cut", "one_rung")
 #: what orders equal scores at a cut (``Narrowing.tiebreak``)
 TIEBREAKS = ("default_first", "reward")
+#: the learning rates a stall swap's reserve trains on (``Narrowing.revive_rate``)
+REVIVE_RATES = ("own", "between")
 #: training steps whose rewards break a narrowing's ties (:func:`recent_reward`)
 TIE_WINDOW = 10
 
@@ -91,6 +93,10 @@ class Narrowing:
             (``min_size=2``) halves the survivor's steps and cost 0.02-0.07 on each of the five other tasks.
             With the swap, evollm on SmolLM2 rose by 0.053 +- 0.043 (10 seeds), to 0.021 +- 0.053 below
             the default run.
+        revive_rate: the learning rates the reserve trains on after a stall swap: ``"own"`` (its founder's, the
+            default) or ``"between"`` (:func:`~evollm.hpo.lone.rate_between` its own and the stalled member's: the
+            log-midpoint of a rate that stalled and one that lost the cut). Measured on SmolLM2:
+            benchmarks/README.md, "A reserve between two rates".
         patience: evaluations without a new best before a member without signal has stalled (default 3).
         no_signal: share of the member's steps over those evaluations that must have had no learning signal
             (default 0.5).
@@ -192,7 +198,7 @@ class Narrowing:
                  decline_se: float = DECLINE_SE, on_tie: str = "cut", tiebreak: str = "default_first",
                  tie_se: float = 0.0, anneal: bool = False, anneal_lr: float = ANNEAL_LR,
                  max_anneals: int = MAX_ANNEALS, anneal_share: float = ANNEAL_SHARE, wait_se: float = 0.0,
-                 wait_until: Optional[float] = None) -> None:
+                 wait_until: Optional[float] = None, revive_rate: str = "own") -> None:
         at = [float(a) for a in at]
         if not at:
             raise ValueError("Narrowing.at must name at least one fraction of the budget")
@@ -216,6 +222,8 @@ class Narrowing:
             raise ValueError(f"Narrowing.max_rollbacks must be >= 0, got {max_rollbacks!r}")
         if on_tie not in ON_TIE:
             raise ValueError(f"Narrowing.on_tie must be one of {list(ON_TIE)}, got {on_tie!r}")
+        if revive_rate not in REVIVE_RATES:
+            raise ValueError(f"Narrowing.revive_rate must be one of {list(REVIVE_RATES)}, got {revive_rate!r}")
         if tiebreak not in TIEBREAKS:
             raise ValueError(f"Narrowing.tiebreak must be one of {list(TIEBREAKS)}, got {tiebreak!r}")
         if not 0.0 < float(anneal_lr) <= 1.0:
@@ -235,7 +243,7 @@ class Narrowing:
         self.min_size = int(min_size)
         self.evaluate = bool(evaluate)
         self.incumbent = bool(incumbent)
-        self.revive = bool(revive)
+        self.revive, self.revive_rate = bool(revive), revive_rate
         self.patience = int(patience)
         self.no_signal = float(no_signal)
         self.rollback, self.decline, self.decline_se = bool(rollback), float(decline), float(decline_se)
@@ -368,7 +376,7 @@ class Narrowing:
 
     def __repr__(self) -> str:
         return (f"Narrowing(at={list(self.at)}, keep={self.keep}, min_size={self.min_size}, evaluate={self.evaluate}, "
-                f"incumbent={self.incumbent}, revive={self.revive}, patience={self.patience}, no_signal={self.no_signal}, "
+                f"incumbent={self.incumbent}, revive={self.revive}, revive_rate={self.revive_rate!r}, patience={self.patience}, no_signal={self.no_signal}, "
                 f"rollback={self.rollback}, decline={self.decline}, rollback_lr={self.rollback_lr}, "
                 f"max_rollbacks={self.max_rollbacks}, on_tie={self.on_tie!r}, tiebreak={self.tiebreak!r}, "
                 f"tie_se={self.tie_se}, anneal={self.anneal}, anneal_lr={self.anneal_lr}, max_anneals={self.max_anneals}, "

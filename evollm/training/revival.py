@@ -19,7 +19,7 @@ import statistics
 from typing import Callable, Sequence
 
 from evollm.hpo.defaults import DEFAULT_EVOLVED, LEARNING_RATES
-from evollm.hpo.lone import declined, plateau_patience, plateaued, stalled
+from evollm.hpo.lone import declined, plateau_patience, plateaued, rate_between, stalled
 from evollm.hpo.narrowing import budget_fraction
 from evollm.run.population import Population, describe_rates
 from .quarantine import healthy
@@ -100,17 +100,19 @@ def _swap(agents, stalled_member, reserve, record, step, max_steps, max_time, na
     from evollm.hpo.selection import SelectionResult
 
     revived = reserve.swap(stalled_member, step)
+    changed = rates_between(revived, stalled_member) if narrowing.revive_rate == "between" else {}
     members = [revived if a is stalled_member else a for a in agents]
     scores = {int(a.index): float(a.fitness[-1]) if a.fitness else math.nan for a in (stalled_member, revived)}
     result = SelectionResult(elite=None, population=members, dropped=[stalled_member], scores=scores,
                              best_index=int(revived.index), protected=[])
     fraction = budget_fraction(step, max_steps, narrowing.elapsed_s, max_time)
     share = sum(no_signal) / max(len(no_signal), 1)
-    record.record_revival(result, step, fraction, share, reason="stall")
+    record.record_revival(result, step, fraction, share, reason="stall", rates=describe_rates(changed) or None)
     if log is not None:
         log(f"member {stalled_member.index} stalled at step {step} ({fraction:.0%} of the budget): no new best in "
             f"{narrowing.patience} evaluations, {share:.0%} of its steps without a learning signal; parked it and "
-            f"revived member {revived.index} (the reserve, fitness {scores[int(revived.index)]:.3f} when parked)")
+            f"revived member {revived.index} (the reserve, fitness {scores[int(revived.index)]:.3f} when parked"
+            f"{', at ' + describe_rates(changed) if changed else ''})")
     return members
 
 
@@ -147,22 +149,42 @@ def revivals(record: Population, reason: str) -> int:
     return sum(1 for r in record.selection_rows if r.get("kind") == "revival" and r.get("reason") == reason)
 
 
-def scaled_learning_rates(agent, factor: float, fell=None) -> dict[str, tuple[float, float]]:
-    """Set ``agent``'s learning rates to ``factor`` times the lower of its own and those of ``fell`` (the member
-    that fell away, when given: a second roll-back lowers the rate again): the rates its search space evolves
-    (not below their range's lower end), else its policy's (:data:`~evollm.hpo.defaults.DEFAULT_EVOLVED`, the
-    first it has). Returns ``{name: (old, new)}``."""
+def learning_rate_names(agent) -> list[str]:
+    """The learning rates of ``agent`` that the narrowing's rules change: those its search space evolves, else
+    its policy's (:data:`~evollm.hpo.defaults.DEFAULT_EVOLVED`, the first it has)."""
     space = getattr(agent, "hp_config", None)
     names = [n for n in (space.rl_hp_names() if space is not None else ()) if n in LEARNING_RATES]
     if not names:
         mutable = set(agent.mutable_hyperparameters())
         names = [n for n in DEFAULT_EVOLVED if n in mutable][:1]
+    return names
+
+
+def scaled_learning_rates(agent, factor: float, fell=None) -> dict[str, tuple[float, float]]:
+    """Set ``agent``'s learning rates (:func:`learning_rate_names`) to ``factor`` times the lower of its own and
+    those of ``fell`` (the member that fell away, when given: a second roll-back lowers the rate again), not below
+    their search range's lower end. Returns ``{name: (old, new)}``."""
+    space = getattr(agent, "hp_config", None)
     changed = {}
-    for name in names:
+    for name in learning_rate_names(agent):
         old = float(agent.get_hyperparameter(name))
         base = min(old, float(fell.get_hyperparameter(name))) if fell is not None else old
         floor = float(space[name].min) if space is not None and name in space.rl_hp_names() else 0.0
         new = max(base * factor, floor)
+        if new != old:
+            agent.set_hyperparameter(name, new)
+            changed[name] = (old, new)
+    return changed
+
+
+def rates_between(agent, other) -> dict[str, tuple[float, float]]:
+    """Set ``agent``'s learning rates (:func:`learning_rate_names`) to :func:`~evollm.hpo.lone.rate_between` its
+    own and ``other``'s: both lie in the search range, so their log-midpoint does too. Returns
+    ``{name: (old, new)}`` (the rates that changed)."""
+    changed = {}
+    for name in learning_rate_names(agent):
+        old = float(agent.get_hyperparameter(name))
+        new = rate_between(old, float(other.get_hyperparameter(name)))
         if new != old:
             agent.set_hyperparameter(name, new)
             changed[name] = (old, new)
