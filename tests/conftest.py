@@ -64,10 +64,11 @@ class StopAt(Callback):
             raise KeyboardInterrupt
 
 
-def lone_member_run(narrowing, reward, ckpt=None, resume=False, callbacks=(), max_steps=8, verbose=False):
-    """Two GRPO members (lr 1e-3) on a fresh tiny model, evaluated every step on 8 one-digit sums scored by
-    ``reward``, narrowed by ``narrowing`` (e.g. to one member at step 1): the scene of the rules for a member
-    training alone (stall swap, roll-back, anneal). Checkpoints every step into ``ckpt`` when given."""
+def lone_member_run(narrowing, reward, ckpt=None, resume=False, callbacks=(), max_steps=8, verbose=False,
+                    lrs=(1e-3, 1e-3)):
+    """Two GRPO members (learning rates ``lrs``) on a fresh tiny model, evaluated every step on 8 one-digit sums
+    scored by ``reward``, narrowed by ``narrowing`` (e.g. to one member at step 1): the scene of the rules for a
+    member training alone (stall swap, roll-back, anneal). Checkpoints every step into ``ckpt`` when given."""
     from evollm.envs.reasoning import ReasoningGym
     from evollm.recipes.warm_start import load_tiny_model
     from evollm.tasks import ARITHMETIC_TEMPLATE, arithmetic_dataset
@@ -76,6 +77,8 @@ def lone_member_run(narrowing, reward, ckpt=None, resume=False, callbacks=(), ma
     torch.manual_seed(0)
     model, tok = load_tiny_model(warm_start=False, seed=0)
     pop = make_grpo(model, tok, n=2, lr=1e-3)
+    for member, lr in zip(pop, lrs):
+        member.set_hyperparameter("lr", lr)
     train, test = arithmetic_dataset(n_train=64, n_test=8, digits=(1, 1), seed=0)
     env = ReasoningGym(train, test, tok, reward, ARITHMETIC_TEMPLATE, data_batch_size_per_gpu=4)
     return finetune_llm_reasoning(

@@ -4,12 +4,13 @@ returns, and exact resume with a reserve."""
 
 import math
 
+import pandas as pd
 import pytest
 import torch
 from conftest import StopAt, lone_member_run
 
 from evollm.hpo import Narrowing
-from evollm.hpo.lone import stalled
+from evollm.hpo.lone import rate_between, stalled
 from evollm.run import list_checkpoints
 from evollm.run.population import Population
 from evollm.run.reserve import Reserve
@@ -33,6 +34,10 @@ def test_narrowing_rejects_a_patience_below_one():
         Narrowing(patience=0)
     with pytest.raises(ValueError, match=r"no_signal must be a share in \[0, 1\]"):
         Narrowing(no_signal=1.5)
+    with pytest.raises(ValueError, match=r"revive_rate must be one of \['own', 'between'\]"):
+        Narrowing(revive_rate="mean")
+    with pytest.raises(ValueError, match="two positive finite learning rates"):
+        rate_between(0.0, 1e-4)
 
 
 class _Member:
@@ -67,9 +72,10 @@ def _zero(completion, answer, question=""):
     return 0.0  # every group's rewards equal: no step carries a learning signal
 
 
-def _run(ckpt=None, resume=False, callbacks=(), revive=True, max_steps=8, verbose=False, reward=_zero, patience=2):
-    return lone_member_run(Narrowing(at=(0.1,), keep=0.5, min_size=1, revive=revive, patience=patience), reward,
-                           ckpt, resume, callbacks, max_steps, verbose)
+def _run(ckpt=None, resume=False, callbacks=(), revive=True, max_steps=8, verbose=False, reward=_zero, patience=2,
+         revive_rate="own", lrs=(1e-3, 1e-3)):
+    return lone_member_run(Narrowing(at=(0.1,), keep=0.5, min_size=1, revive=revive, patience=patience,
+                                     revive_rate=revive_rate), reward, ckpt, resume, callbacks, max_steps, verbose, lrs)
 
 
 def test_a_stalled_member_gives_its_place_to_the_reserve_once(capsys):
@@ -100,6 +106,26 @@ def test_a_stalled_member_gives_its_place_to_the_reserve_once(capsys):
     assert record.best() is agents[0]  # equal fitness (0): the member that trained on
     line = next(x for x in capsys.readouterr().out.splitlines() if "stalled at step 3" in x)
     assert f"revived member {runner_up}" in line and "100% of its steps without a learning signal" in line
+
+
+@pytest.mark.parametrize("revive_rate", ["own", "between"])
+def test_the_reserve_trains_at_its_own_rate_or_between_the_two(revive_rate, capsys):
+    """Members at lr 1e-3 and 1e-5: with ``revive_rate="between"`` the reserve trains on at their log-midpoint,
+    1e-4 (what the optimizer uses and the record shows); with ``"own"`` at its founder's rate."""
+    lrs = (1e-3, 1e-5)
+    agents, record = _run(revive_rate=revive_rate, lrs=lrs, verbose=True)
+    row = record.selections().query("kind == 'revival'").iloc[0]
+    stalled_lr, reserve_lr = lrs[int(row["dropped"])], lrs[int(row["kept"])]
+    (revived,) = agents
+    expected = math.sqrt(stalled_lr * reserve_lr) if revive_rate == "between" else reserve_lr
+    assert revived.index == int(row["kept"]) and revived.get_hyperparameter("lr") == pytest.approx(expected)
+    assert [g["lr"] for g in revived.optimizer.param_groups] == pytest.approx([expected] * len(revived.optimizer.param_groups))
+    assert record.report().query(f"member == {revived.index}")["hp_lr"].iloc[-1] == pytest.approx(expected)
+    line = next(x for x in capsys.readouterr().out.splitlines() if "stalled at step 3" in x)
+    if revive_rate == "between":
+        assert row["rates"] == f"lr {reserve_lr:.3g} -> {expected:.3g}" and f"at lr {reserve_lr:.3g} -> 0.0001" in line
+    else:
+        assert pd.isna(row["rates"])
 
 
 def test_without_revive_the_runner_up_is_released_and_the_survivor_trains_on():
