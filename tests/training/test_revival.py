@@ -112,6 +112,7 @@ def test_a_stalled_member_gives_its_place_to_the_reserve_once(capsys):
 def test_the_reserve_trains_at_its_own_rate_or_between_the_two(revive_rate, capsys):
     """Members at lr 1e-3 and 1e-5: with ``revive_rate="between"`` the reserve trains on at their log-midpoint,
     1e-4 (what the optimizer uses and the record shows); with ``"own"`` at its founder's rate."""
+    assert Narrowing().revive_rate == "between"  # the default (docs/evolution.md)
     lrs = (1e-3, 1e-5)
     agents, record = _run(revive_rate=revive_rate, lrs=lrs, verbose=True)
     row = record.selections().query("kind == 'revival'").iloc[0]
