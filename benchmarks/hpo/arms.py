@@ -283,8 +283,9 @@ def frozen_overrides(cfg) -> list[str]:
     """The ``no_mutation`` arm's overrides: no hyperparameter ever changes during the run, so every member
     trains at its founder's values. The mutation operators are off, and so are the narrowing's changes to the
     member training alone (the anneal halves its learning rates on a plateau, a roll-back's copy trains at a
-    lower rate, a stall swap's reserve may train between two rates): PBT's explore step, applied to one
-    member (2026-11-28; before, the arm kept them and measured the clones' perturbation alone; ``--variant NAME=`` with :data:`MUTATIONS_OFF` runs that arm).
+    lower rate, a stall swap's reserve trains between two rates): PBT's explore step, applied to one member
+    (2026-11-28; before, the arm kept them and measured the clones' perturbation alone; ``--variant NAME=`` with
+    :data:`MUTATIONS_OFF` runs that arm).
     Only the options the library version has are set.
 
     >>> from evollm.config import RunConfig

@@ -155,7 +155,8 @@ class NarrowingSection(Section):
     revive_rate: str = option("between", "The learning rates the reserve trains on after a stall swap: `between` (the "
                               "geometric mean of its own and the stalled member's: between a rate that stalled and one "
                               "that lost the cut, for the half to two thirds of the budget left) or `own` (its founder's). "
-                              "Measured on SmolLM2: +0.073 against the reserve at its own rate, 10 seeds (benchmarks/README.md, HPO section).",
+                              "Measured on SmolLM2: +0.073 against the reserve at its own rate, 10 seeds "
+                              "(benchmarks/README.md, HPO section).",
                               choices=("between", "own"))
     patience: int = option(3, "Evaluations without a new best fitness before a member whose steps carry no learning "
                            "signal counts as stalled (with `revive`).")

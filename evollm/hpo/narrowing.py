@@ -381,7 +381,8 @@ class Narrowing:
 
     def __repr__(self) -> str:
         return (f"Narrowing(at={list(self.at)}, keep={self.keep}, min_size={self.min_size}, evaluate={self.evaluate}, "
-                f"incumbent={self.incumbent}, revive={self.revive}, revive_rate={self.revive_rate!r}, patience={self.patience}, no_signal={self.no_signal}, "
+                f"incumbent={self.incumbent}, revive={self.revive}, revive_rate={self.revive_rate!r}, "
+                f"patience={self.patience}, no_signal={self.no_signal}, "
                 f"rollback={self.rollback}, decline={self.decline}, rollback_lr={self.rollback_lr}, "
                 f"max_rollbacks={self.max_rollbacks}, on_tie={self.on_tie!r}, tiebreak={self.tiebreak!r}, "
                 f"tie_se={self.tie_se}, anneal={self.anneal}, anneal_lr={self.anneal_lr}, max_anneals={self.max_anneals}, "
