@@ -160,35 +160,38 @@ def learning_rate_names(agent) -> list[str]:
     return names
 
 
+def _set_learning_rates(agent, new_rate: Callable[[str, float], float]) -> dict[str, tuple[float, float]]:
+    """Set each of ``agent``'s learning rates (:func:`learning_rate_names`) to ``new_rate(name, old)``; returns
+    ``{name: (old, new)}`` for the rates that changed."""
+    changed = {}
+    for name in learning_rate_names(agent):
+        old = float(agent.get_hyperparameter(name))
+        new = float(new_rate(name, old))
+        if new != old:
+            agent.set_hyperparameter(name, new)
+            changed[name] = (old, new)
+    return changed
+
+
 def scaled_learning_rates(agent, factor: float, fell=None) -> dict[str, tuple[float, float]]:
     """Set ``agent``'s learning rates (:func:`learning_rate_names`) to ``factor`` times the lower of its own and
     those of ``fell`` (the member that fell away, when given: a second roll-back lowers the rate again), not below
     their search range's lower end. Returns ``{name: (old, new)}``."""
     space = getattr(agent, "hp_config", None)
-    changed = {}
-    for name in learning_rate_names(agent):
-        old = float(agent.get_hyperparameter(name))
+
+    def scaled(name: str, old: float) -> float:
         base = min(old, float(fell.get_hyperparameter(name))) if fell is not None else old
         floor = float(space[name].min) if space is not None and name in space.rl_hp_names() else 0.0
-        new = max(base * factor, floor)
-        if new != old:
-            agent.set_hyperparameter(name, new)
-            changed[name] = (old, new)
-    return changed
+        return max(base * factor, floor)
+
+    return _set_learning_rates(agent, scaled)
 
 
 def rates_between(agent, other) -> dict[str, tuple[float, float]]:
     """Set ``agent``'s learning rates (:func:`learning_rate_names`) to :func:`~evollm.hpo.lone.rate_between` its
     own and ``other``'s: both lie in the search range, so their log-midpoint does too. Returns
     ``{name: (old, new)}`` (the rates that changed)."""
-    changed = {}
-    for name in learning_rate_names(agent):
-        old = float(agent.get_hyperparameter(name))
-        new = rate_between(old, float(other.get_hyperparameter(name)))
-        if new != old:
-            agent.set_hyperparameter(name, new)
-            changed[name] = (old, new)
-    return changed
+    return _set_learning_rates(agent, lambda name, old: rate_between(old, float(other.get_hyperparameter(name))))
 
 
 def roll_back_declined(agents: list, narrowing, tournament, record: Population, step: int, max_steps: int,
