@@ -3,6 +3,8 @@
 * :mod:`evollm.config.schema` -- the section machinery (typed fields with help text, strict loading,
   did-you-mean, ``--set`` overrides, rules for settings that would have no effect);
 * :mod:`evollm.config.hpo` -- the ``hpo:`` section (hp_config, mutation, selection);
+* :mod:`evollm.config.train` -- the ``train:`` section (budget, evaluations, checkpoints);
+* :mod:`evollm.config.logs` -- the ``logging:`` section;
 * :mod:`evollm.config.run` -- every other section and :class:`RunConfig`;
 * :mod:`evollm.config.describe` -- ``describe_config()``: every setting and every algorithm field, documented.
 
