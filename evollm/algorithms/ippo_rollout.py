@@ -12,10 +12,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
+import torch
+
 from ..envs.multiturn import TokenObservationWrapper
 from ..envs.team import TeamEpisode, TeamTask, play_rounds, team_seats
 from ..rollout import Episode, population_generate_fn, stack_episodes
-from ..rollout.population import Fitness, mean_stderr
+from ..rollout.population import Fitness, item_products, mean_stderr
 
 
 @dataclass
@@ -58,6 +60,7 @@ def evaluate_teams(teams: Sequence, task: TeamTask, record: bool = True) -> tupl
     if not rows:
         raise ValueError("the task has no eval_dataset: fitness needs a fixed evaluation set")
     totals = {t.index: [0.0, 0, 0.0] for t in teams}  # return sum, successes, sum of squared returns
+    returns = {t.index: [] for t in teams}  # row by row, for the paired standard errors
     for start in range(0, len(rows), task.eval_batch_size):
         out = play_teams(teams, task, rows[start:start + task.eval_batch_size], training=False)
         for t in teams:
@@ -65,9 +68,13 @@ def evaluate_teams(teams: Sequence, task: TeamTask, record: bool = True) -> tupl
                 totals[t.index][0] += ep.episode_return
                 totals[t.index][1] += int(ep.episode_return >= task.success_threshold)
                 totals[t.index][2] += float(ep.episode_return) ** 2
+                returns[t.index].append(float(ep.episode_return))
+    lengths = {len(r) for r in returns.values()}
+    cross = (item_products(torch.tensor([returns[t.index] for t in teams], dtype=torch.float64)).tolist()
+             if len(lengths) == 1 else None)
     fitness = Fitness([totals[t.index][0] / len(rows) for t in teams],
                       [mean_stderr(totals[t.index][0], totals[t.index][2], len(rows)) for t in teams],
-                      [totals[t.index][2] for t in teams])
+                      [totals[t.index][2] for t in teams], cross, lengths.pop() if cross is not None else None)
     success = [totals[t.index][1] / len(rows) for t in teams]
     if record:
         for t, f in zip(teams, fitness):

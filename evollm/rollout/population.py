@@ -165,13 +165,29 @@ def _split(out: dict, job: tuple, seqs: torch.Tensor, sampler_logp, mask: torch.
 
 class Fitness(list):
     """Fitness per member (a plain list of floats) that also carries ``stderr``: the standard error of
-    each member's mean over the evaluation's items (prompts or episodes), and ``sum_sq``: the sum of
-    the squared item scores (to combine shards)."""
+    each member's mean over the evaluation's items (prompts or episodes), ``sum_sq``: the sum of
+    the squared item scores (to combine shards), and, where the members scored the same items,
+    ``cross``: the sums over items of the products of two members' scores (``cross[i][j]``; its
+    diagonal is ``sum_sq``) with ``count`` items, which give the standard error of the difference
+    between two members paired item by item (:meth:`pair_stderrs`; ``pair_se`` holds them by member id
+    once the training loop's evaluation has matched the rows to its members)."""
 
-    def __init__(self, values, stderr=None, sum_sq=None):
+    def __init__(self, values, stderr=None, sum_sq=None, cross=None, count=None):
         super().__init__(values)
+        self.pair_se: dict[tuple[int, int], float] = {}
         self.stderr = list(stderr) if stderr is not None else [float("nan")] * len(self)
         self.sum_sq = list(sum_sq) if sum_sq is not None else None
+        self.cross = [list(map(float, row)) for row in cross] if cross is not None else None
+        self.count = int(count) if count is not None else None
+
+    def pair_stderrs(self) -> list[list[float]] | None:
+        """``[i][j]``: the standard error of member i's mean minus member j's, paired over the items
+        both scored (:func:`paired_stderr`); ``None`` without ``cross``."""
+        if self.cross is None or not self.count:
+            return None
+        sums = [float(v) * self.count for v in self]
+        return [[paired_stderr(sums[i], sums[j], self.cross[i][i], self.cross[j][j], self.cross[i][j], self.count)
+                 for j in range(len(self))] for i in range(len(self))]
 
 
 def mean_stderr(total: float, sum_sq: float, n: int) -> float:
@@ -182,6 +198,26 @@ def mean_stderr(total: float, sum_sq: float, n: int) -> float:
     return (var / n) ** 0.5
 
 
+def paired_stderr(sum_i: float, sum_j: float, sq_i: float, sq_j: float, cross_ij: float, n: int) -> float:
+    """Standard error of the mean difference ``x_i - x_j`` over ``n`` items both members scored, from the
+    sums of their scores, of their squares and of their products: the noise of comparing the two on the
+    same items, which leaves out how hard each item is (two members that agree on every item differ by
+    exactly 0).
+
+    >>> round(paired_stderr(3, 2, 3, 2, 2, 4), 4)   # x_i = 1 1 1 0, x_j = 1 1 0 0: d = 0 0 1 0
+    0.25
+    >>> paired_stderr(2, 2, 2, 2, 2, 4)              # the same answers: no noise in the difference
+    0.0
+    """
+    return mean_stderr(sum_i - sum_j, max(sq_i + sq_j - 2.0 * cross_ij, 0.0), n)
+
+
+def item_products(scores: torch.Tensor) -> torch.Tensor:
+    """``[members, items]`` scores -> ``[members, members]`` sums over items of products (``Fitness.cross``)."""
+    x = scores.to(torch.float64)
+    return x @ x.T
+
+
 def evaluate_population(agents: Sequence, env, record: bool = True) -> Fitness:
     """Fitness of every member: mean reward over the env's fixed test prompts, greedy decoding,
     all members batched (with each mean's standard error, see :class:`Fitness`). Recorded in each
@@ -189,22 +225,26 @@ def evaluate_population(agents: Sequence, env, record: bool = True) -> Fitness:
     prompts = env.test_prompts()
     totals = torch.zeros(len(agents))
     sums = torch.zeros(len(agents), dtype=torch.float64)  # the standard errors' accumulators
-    squares = torch.zeros(len(agents), dtype=torch.float64)
+    cross = torch.zeros(len(agents), len(agents), dtype=torch.float64)  # and the paired ones'
     count = 0
     step = getattr(env, "eval_batch_size", 64)
     for start in range(0, len(prompts), step):
         batch = prompts[start:start + step]
         rollouts = generate_population(agents, batch, training=False)
+        per_member = []
         for j, agent in enumerate(agents):
             completions, _ = rollouts[agent.index].per_prompt()
             scores = env.score(completions, batch)
             totals[j] += scores.sum()
-            scores = torch.as_tensor(scores, dtype=torch.float64)
-            sums[j] += scores.sum()
-            squares[j] += (scores * scores).sum()
+            per_member.append(torch.as_tensor(scores, dtype=torch.float64).reshape(-1))
+        scores = torch.stack(per_member)
+        sums += scores.sum(dim=1)
+        cross += item_products(scores)
         count += len(batch)
+    squares = cross.diagonal().tolist()
     fitness = Fitness((totals / count).tolist(),
-                      [mean_stderr(float(t), float(q), count) for t, q in zip(sums, squares)], squares.tolist())
+                      [mean_stderr(float(t), float(q), count) for t, q in zip(sums, squares)], squares,
+                      cross.tolist(), count)
     if record:
         for agent, f in zip(agents, fitness):
             agent.record_fitness(f)

@@ -62,6 +62,7 @@ class Population:
         self.rows: list[dict] = []
         self.metric_rows: list[dict] = []  # plain JSON-able dicts, one per member per step
         self.selection_rows: list[dict] = []  # one per selection or narrowing
+        self._pair_se: tuple = (None, {})  # (step, paired standard errors by member ids) of the last evaluation
         self.generation = 0
         self.algorithm = algorithm
         #: the best evaluated state of the run (:class:`~evollm.run.best_state.KeptBest`) when the loop
@@ -94,6 +95,7 @@ class Population:
 
     def record_evaluation(self, step: int, agents: Sequence, fitness: Sequence[float],
                           train_rewards: dict[int, float] | None = None, extra: dict[int, dict] | None = None) -> None:
+        self._pair_se = (step, dict(getattr(fitness, "pair_se", None) or {}))  # for a ranking at this step
         for agent, f in zip(agents, fitness):
             row = {"step": step, "generation": self.generation, "member": agent.index,
                    "parent": self._birth(agent.index).parent, "fitness": float(f),
@@ -176,11 +178,13 @@ class Population:
 
         scores = {int(k): float(v) for k, v in (result.scores or {}).items()}
         stderr = {int(k): float(v) for k, v in (stderr or {}).items()}
-        signal = selection_signal(list(scores.values()), [stderr.get(k, math.nan) for k in scores])
+        signal = selection_signal(list(scores.values()), [stderr.get(k, math.nan) for k in scores],
+                                  self._paired(scores, step) if source == "last" else None)
         kept = [int(a.index) for a in result.population]
         row = {"step": int(step), "generation": self.generation, "kind": kind, "source": source,
                "size_before": len(scores), "size_after": len(kept), "best": result.best_index,
                "spread": signal["spread"], "stderr": signal["stderr"], "snr": signal["snr"],
+               "paired_stderr": signal["paired_stderr"], "paired_snr": signal["paired_snr"],
                "kept": " ".join(str(i) for i in kept if i in scores),
                "dropped": " ".join(str(int(a.index)) for a in result.dropped
                                    if int(a.index) not in kept),
@@ -189,6 +193,14 @@ class Population:
                "budget_fraction": math.nan, "tied": None}
         row.update(extra)
         self.selection_rows.append(row)
+
+    def _paired(self, scores: dict[int, float], step: int) -> list[float] | None:
+        """Paired standard errors between every two ranked members (finite scores) from the evaluation at
+        ``step``; ``None`` when it gave none for some pair."""
+        at, pair_se = self._pair_se
+        ids = [k for k, v in scores.items() if math.isfinite(v)]
+        pairs = [pair_se.get((a, b)) for i, a in enumerate(ids) for b in ids[i + 1:]]
+        return pairs if at == step and pairs and None not in pairs else None
 
     def fitness_stderr(self, index: int) -> list[float]:
         """Standard errors of ``index``'s evaluations, oldest first (NaN where unknown)."""
@@ -241,7 +253,10 @@ class Population:
         founder's benefit of the doubt, ``hpo.selection.protect_default``), and how well the ranking
         beats noise: ``spread`` (standard deviation of the scores between members), ``stderr`` (root
         mean square of their standard errors) and
-        ``snr = spread / stderr`` (below about 1 the ranking is mostly noise), ``budget_fraction``
+        ``snr = spread / stderr`` (below about 1 the ranking is mostly noise), ``paired_stderr`` and
+        ``paired_snr`` (the same with the noise of the differences between members paired over the items
+        they all scored, which leaves out how hard each item is: the ranking's real signal-to-noise; rankings on
+        the last held-out fitness only, NaN otherwise), ``budget_fraction``
         and ``tied`` (narrowings: whether the cut fell between equal scores, so that the tie-break, not the
         measurement, chose which members went on) and ``deferred`` (narrowings: milestones due that the cut
         left for the next evaluation, ``hpo.narrowing.on_tie: one_rung``) and ``waited`` (narrowings: rankings the
@@ -344,7 +359,8 @@ LINEAGE_DTYPES = {"member": "int64", "parent": "Int64", "generation": "int64", "
 COST_COLUMNS = ("time_generate_s", "time_learn_s", "time_eval_s", "gen_tokens", "tokens_per_s", "peak_memory_mb")
 SELECTION_DTYPES = {"step": "int64", "generation": "int64", "kind": "string", "source": "string",
                     "size_before": "int64", "size_after": "int64", "best": "Int64", "spread": "float64",
-                    "stderr": "float64", "snr": "float64", "kept": "string", "dropped": "string",
+                    "stderr": "float64", "snr": "float64", "paired_stderr": "float64",
+                    "paired_snr": "float64", "kept": "string", "dropped": "string",
                     "scores": "string", "protected": "string", "budget_fraction": "float64", "tied": "boolean",
                     "deferred": "Int64", "waited": "Int64", "no_signal": "float64", "reason": "string", "rates": "string"}
 METRICS_DTYPES = {"step": "int64", "generation": "int64", "member": "int64", "gen_tokens": "Int64"}

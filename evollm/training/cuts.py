@@ -68,9 +68,11 @@ def narrow_population(agents: list, narrowing, step: int, max_steps: int, max_ti
     for agent in park_runner_up(dropped, lambda a: ranks[int(a.index)], narrowing, len(kept), tournament, record):
         agent.release()
     if log is not None:
-        snr = record.selection_rows[-1]["snr"]
+        row = record.selection_rows[-1]
+        snr, paired = row["snr"], row.get("paired_snr", math.nan)
+        told = paired if math.isfinite(paired) else snr  # paired over the same items where known: the real noise
         hint = (" (below 1: the ranking was mostly noise; a later hpo.narrowing.at, a longer budget or more rows "
-                "per step would inform it)") if snr < 1 else ""
+                "per step would inform it)") if told < 1 else ""
         breaker = ("the default founder's lineage first, then the recent training rewards"
                    if narrowing.tiebreak == "default_first" else "the recent training rewards")
         within = f"scores within {narrowing.tie_se:g} standard errors" if narrowing.tie_se else "equal scores"
@@ -80,7 +82,8 @@ def narrow_population(agents: list, narrowing, step: int, max_steps: int, max_ti
         if narrowing.deferred:
             tie += f"; {narrowing.deferred} more milestone(s) wait for the next ranking (hpo.narrowing.on_tie: one_rung)"
         log(f"narrowing at step {step} ({fraction:.0%} of the budget): kept {[a.index for a in kept]}, "
-            f"released {[a.index for a in dropped]}; ranking signal-to-noise {snr:.2f}{hint}{tie}")
+            f"released {[a.index for a in dropped]}; ranking signal-to-noise {snr:.2f}"
+            + (f" ({paired:.2f} paired over the same items)" if math.isfinite(paired) else "") + f"{hint}{tie}")
     return list(kept), result
 
 

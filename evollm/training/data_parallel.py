@@ -54,7 +54,14 @@ def reduce_fitness(local: Sequence[float], count: int, total: int) -> Fitness:
     squares = getattr(local, "sum_sq", None) or [0.0] * len(local)
     sums = dist.all_reduce_sum([float(f) * count for f in local])
     squares = dist.all_reduce_sum([float(q) for q in squares]).tolist()
-    return Fitness((sums / total).tolist(), [mean_stderr(float(t), q, total) for t, q in zip(sums, squares)], squares)
+    n = len(local)
+    cross = getattr(local, "cross", None) if count else [[0.0] * n for _ in range(n)]
+    if dist.all_reduce_sum([float(cross is None)])[0] > 0:  # a process without the products: no paired errors
+        cross = None
+    else:
+        cross = dist.all_reduce_sum([x for row in cross for x in row]).reshape(n, n).tolist() if n else []
+    return Fitness((sums / total).tolist(), [mean_stderr(float(t), q, total) for t, q in zip(sums, squares)], squares,
+                   cross, total if cross is not None else None)
 
 
 def seed_sampling(seed: int, step: int) -> None:

@@ -33,7 +33,7 @@ from evollm.parallel import distributed as dist
 from ..algorithms.grpo import GRPO
 from evollm.run.population import Population
 from ..rollout import Episode, EnvPool, collect_episodes, stack_episodes
-from ..rollout.population import Fitness, mean_stderr
+from ..rollout.population import Fitness, item_products, mean_stderr
 from ..run.measure import member_tokens, with_costs
 from .compat import AGILERL_ONLY, agilerl_extras, pick_selection
 from .data_parallel import reduce_fitness, seed_sampling
@@ -63,9 +63,10 @@ def evaluate_episodes(agents: Sequence, pool: EnvPool, seeds: Sequence[int], max
     episodes = collect_episodes(agents, pool.get(len(agents) * len(seeds)), seeds, training=False,
                                 max_turns=max_turns)
     returns = [[float(e.episode_return) for e in episodes[a.index]] for a in agents]
+    cross = item_products(torch.tensor(returns, dtype=torch.float64)).tolist()  # every member played the same seeds
     fitness = Fitness([sum(r) / len(seeds) for r in returns],
                       [mean_stderr(sum(r), sum(x * x for x in r), len(r)) for r in returns],
-                      [sum(x * x for x in r) for r in returns])
+                      [sum(x * x for x in r) for r in returns], cross, len(seeds))
     if record:
         for agent, f in zip(agents, fitness):
             agent.record_fitness(f)

@@ -118,7 +118,8 @@ def stop_if_none_healthy(agents: Sequence, step: int) -> None:
 
 def evaluate_healthy(agents: Sequence, evaluate: Callable[[list], list[float]]) -> list[float]:
     """Fitness in the order of ``agents``: ``evaluate`` (which records nothing) for healthy members, -inf
-    for quarantined ones; recorded here, once per evaluation, in every member's fitness history."""
+    for quarantined ones; recorded here, once per evaluation, in every member's fitness history. Its
+    ``pair_se`` holds the paired standard errors between healthy members by id, where ``evaluate`` gave them."""
     ok = healthy(agents)
     measured = evaluate(ok) if ok else []
     scores, errors = iter(measured), iter(getattr(measured, "stderr", None) or [math.nan] * len(measured))
@@ -128,7 +129,11 @@ def evaluate_healthy(agents: Sequence, evaluate: Callable[[list], list[float]]) 
         stderr.append(math.nan if agent.quarantined else next(errors))
     for agent, f in zip(agents, fitness):
         agent.record_fitness(f)
-    return Fitness(fitness, stderr)
+    out = Fitness(fitness, stderr)
+    pairs = measured.pair_stderrs() if isinstance(measured, Fitness) else None
+    if pairs is not None:
+        out.pair_se = {(int(a.index), int(b.index)): pairs[i][j] for i, a in enumerate(ok) for j, b in enumerate(ok)}
+    return out
 
 
 def replace_quarantined(result, old_agents: Sequence, tournament) -> None:

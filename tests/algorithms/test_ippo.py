@@ -267,6 +267,9 @@ def test_evolved_teams_report_one_row_per_team_per_evaluation():
     for f, se, r in zip(fitness, fitness.stderr, returns):
         assert f == pytest.approx(sum(r) / len(r))
         assert se == pytest.approx(torch.tensor(r, dtype=torch.float64).std().item() / len(r) ** 0.5)
+    # and the two teams' difference, paired row by row (both play the same evaluation rows)
+    d = torch.tensor(returns[0], dtype=torch.float64) - torch.tensor(returns[1], dtype=torch.float64)
+    assert fitness.pair_stderrs()[0][1] == pytest.approx(d.std().item() / len(d) ** 0.5)
 
 
 def test_config_errors_are_one_line():

@@ -294,4 +294,11 @@ def test_short_run_improves_multiturn_success(chain_calc, cls, kw):
     after, _ = evaluate_episodes(agents, EnvPool(factory), seeds, record=False)
     train_rewards = agents[0].scores
     assert after[0] > before[0] + 0.15, (before, after)
+    # the trained member and a fresh one on the same seeds: their difference is paired seed by seed
+    fresh = cls(model, pad_token_id=tok.pad_token_id, lora_config=default_lora_config(r=8), max_output_tokens=4,
+                batch_size=16, index=99, **kw)
+    both, episodes = evaluate_episodes([agents[0], fresh], EnvPool(factory), seeds, record=False)
+    r = [torch.tensor([e.episode_return for e in episodes[i]], dtype=torch.float64) for i in (agents[0].index, 99)]
+    assert both.pair_stderrs()[0][1] == pytest.approx((r[0] - r[1]).std().item() / len(seeds) ** 0.5)
+    assert both.pair_stderrs()[1][1] == 0.0
     assert sum(train_rewards[-4:]) / 4 > sum(train_rewards[:4]) / 4

@@ -5,6 +5,7 @@ import math
 
 import numpy as np
 import pytest
+import torch
 
 from evollm.hpo import (DEFAULT_RANGES, HyperparameterConfig, Mutations, Narrowing, RLParameter,
                         TournamentSelection, default_hp_config, selection_signal)
@@ -349,3 +350,20 @@ def test_with_the_default_founder_as_incumbent_only_members_that_beat_it_keep_dr
         a.default_founder = False  # no default lineage (left, or never): the plain schedule
     kept, _ = Narrowing(at=(0.5,), incumbent=True).narrow(pop, score, 1, tiebreak=tie_rank)
     assert len(kept) == 2
+
+
+def test_paired_noise_by_hand():
+    """Members that agree on most items: the paired standard error of their difference is far below the
+    unpaired one. x = 1 1 1 1 0 0 0 0 and y = 1 1 1 1 0 0 0 1 (n = 8) differ on one item: d = 0 .. 0 -1,
+    mean -1/8, sd sqrt((1 - 8/64) / 7) = 0.3536, se 0.125; each mean's own se is 0.189 and 0.183."""
+    from evollm.rollout.population import Fitness, item_products
+
+    x = torch.tensor([[1, 1, 1, 1, 0, 0, 0, 0], [1, 1, 1, 1, 0, 0, 0, 1]], dtype=torch.float64)
+    f = Fitness((x.mean(1)).tolist(), None, None, item_products(x).tolist(), 8)
+    assert f.pair_stderrs()[0][1] == pytest.approx(0.125) == f.pair_stderrs()[1][0]
+    assert mean_stderr(4.0, 4.0, 8) == pytest.approx(0.189, abs=1e-3)
+    out = selection_signal(list(f), [0.189, 0.183], [f.pair_stderrs()[0][1]])
+    assert out["paired_stderr"] == pytest.approx(0.125 / math.sqrt(2))
+    assert out["paired_snr"] == pytest.approx(out["spread"] / out["paired_stderr"])
+    assert out["paired_snr"] > out["snr"]
+    assert math.isnan(selection_signal([0.2, 0.4], [0.1, 0.1])["paired_snr"])  # no pairs given: unknown

@@ -189,3 +189,37 @@ def test_the_fitness_of_shares_is_the_fitness_of_the_whole_evaluation(monkeypatc
     assert whole == pytest.approx([3 / 7])
     assert whole.stderr == pytest.approx([torch.tensor(both, dtype=torch.float64).std().item() / 7 ** 0.5])
     assert whole.sum_sq == pytest.approx([3.0])
+
+
+def test_shares_add_up_to_the_paired_standard_errors_of_the_whole_evaluation(monkeypatch):
+    """Two members scored on two shares of the same items: the reduced ``cross`` (sums of products) is the
+    sum of the shares', and the paired standard error from it is numpy's over all items of the difference.
+    A process whose share has no products makes the whole evaluation report none (every process agrees)."""
+    from evollm.rollout.population import Fitness, item_products, mean_stderr
+    from evollm.training import data_parallel
+
+    x = torch.tensor([[1.0, 0.0, 1.0, 1.0, 0.0, 1.0, 1.0], [1.0, 1.0, 0.0, 1.0, 0.0, 0.0, 1.0]], dtype=torch.float64)
+    mine, theirs = x[:, :3], x[:, 3:]
+
+    def share(s, cross=True):
+        return Fitness((s.sum(1) / s.shape[1]).tolist(), [mean_stderr(float(r.sum()), float((r * r).sum()), s.shape[1])
+                                                          for r in s], (s * s).sum(1).tolist(),
+                       item_products(s).tolist() if cross else None, s.shape[1] if cross else None)
+
+    def fake_sum(other):
+        queue = [other.sum(1).tolist(), (other * other).sum(1).tolist(), [0.0], item_products(other).flatten().tolist()]
+
+        def add(values):
+            extra = queue.pop(0)
+            return torch.tensor([float(v) + e for v, e in zip(values, extra)], dtype=torch.float64)
+        return add
+
+    monkeypatch.setattr(data_parallel.dist, "all_reduce_sum", fake_sum(theirs))
+    whole = data_parallel.reduce_fitness(share(mine), 3, 7)
+    assert torch.allclose(torch.tensor(whole.cross, dtype=torch.float64), item_products(x)) and whole.count == 7
+    d = x[0] - x[1]
+    assert whole.pair_stderrs()[0][1] == pytest.approx(d.std().item() / 7 ** 0.5)
+    assert whole.pair_stderrs()[0][0] == 0.0
+
+    monkeypatch.setattr(data_parallel.dist, "all_reduce_sum", fake_sum(theirs))
+    assert data_parallel.reduce_fitness(share(mine, cross=False), 3, 7).pair_stderrs() is None

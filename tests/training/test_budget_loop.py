@@ -294,3 +294,23 @@ def test_a_cut_that_waits_acts_once_a_member_scores_above_the_start(monkeypatch)
             assert result is None and n.waited == 2 - 1 and len(kept) == 4
     assert result is not None and [a.index for a in kept] == [2, 3]
     assert int(record.selections().iloc[-1]["waited"]) == 1 and n.waited == 0
+
+
+def test_rankings_on_the_last_evaluation_report_their_noise_paired_over_the_same_questions(cache_dir, capsys):
+    """Every member answers the same test questions, so a ranking's noise is that of the differences between
+    members, question by question: the warm-started members, a few steps from one start, agree on most
+    questions, and the paired standard error is below the unpaired one. Rankings on a mean of evaluations
+    have no single evaluation to pair on: NaN."""
+    _, record = _run(n=4, max_steps=6, evaluation_interval=2, evo_steps=2, cache_dir=cache_dir, verbose=True,
+                     narrowing=Narrowing(at=(0.5,), keep=0.5, min_size=2))
+    sel = record.selections()
+    assert (sel["paired_stderr"] >= 0).all() and (sel["paired_stderr"] < sel["stderr"]).all()
+    assert (sel["paired_stderr"] > 0).any()  # 0: two members that gave the same answers (a clone and its parent)
+    assert sel["paired_snr"].equals((sel["spread"] / sel["paired_stderr"]).where(sel["paired_stderr"] > 0))
+    row = sel.query("kind == 'narrowing'").iloc[0]
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("narrowing at step"))
+    assert f"({row['paired_snr']:.2f} paired over the same items)" in line
+    assert ("mostly noise" in line) == (row["paired_snr"] < 1)
+
+    _, record = _run(n=3, max_steps=4, evaluation_interval=2, evo_steps=2, cache_dir=cache_dir, fitness="mean")
+    assert record.selections()["paired_snr"].isna().all() and record.selections()["snr"].notna().all()
