@@ -325,7 +325,10 @@ def run_population(task, cfg, rec: Recorder, mutate: bool, evo_set: list[str] = 
             "final_members": [hps(a) for a in live.get("agents", [])],
             "revivals": [{k: r.get(k) for k in ("step", "kept", "dropped", "scores", "budget_fraction", "no_signal",
                                                 "reason", "rates")}
-                         for r in getattr(live.get("record"), "selection_rows", []) if r["kind"] == "revival"]}
+                         for r in getattr(live.get("record"), "selection_rows", []) if r["kind"] == "revival"],
+            "rankings": [{k: r.get(k) for k in ("step", "kind", "size_before", "size_after", "spread", "snr",
+                                                "paired_snr", "tied", "budget_fraction")}
+                         for r in getattr(live.get("record"), "selection_rows", []) if r["kind"] != "revival"]}
 
 
 def run_single(task, cfg, rec: Recorder, fixed: dict | None = None) -> dict:

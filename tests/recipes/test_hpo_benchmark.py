@@ -81,6 +81,9 @@ def test_arms_differ_as_documented(result):
     assert runs["evollm:w3"]["mutation"] == evo["mutation"]
     assert evo["founders"][0] == runs["default"]["hyperparameters"]  # the default founder: the default run's values
     assert len({f["lr"] for f in evo["founders"]}) == evo["population_size"]  # founders spread over the space
+    # every ranking with its signal-to-noise, unpaired and paired over the same questions
+    assert evo["rankings"] and all(r["kind"] in ("selection", "narrowing") for r in evo["rankings"])
+    assert all(set(r) >= {"snr", "paired_snr", "size_before", "size_after"} for r in evo["rankings"])
     assert runs["default"]["fixed"] == {}
     # the single run evaluates as `evollm train` does (every train.evaluation_interval steps), like each member
     assert all(len(e["members"]) == 1 for e in runs["default"]["evaluations"])
