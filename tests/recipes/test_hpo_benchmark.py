@@ -420,3 +420,16 @@ def test_a_population_under_the_gpu_cost_model_gets_more_cpu_than_its_budget(tmp
     assert charged == pytest.approx(pop["cpu_s"], rel=1e-3) and pop["cpu_s"] >= 1.0
     assert pop["raw_cpu_s"] > pop["cpu_s"]  # the population got more CPU seconds than its budget
     assert set(single["raw_cpu_s_by_members"]) == {"1"} and single["raw_cpu_s"] == pytest.approx(single["cpu_s"], rel=1e-3)
+
+
+def test_ranking_noise_tabulates_each_ranking_position_over_the_runs():
+    """benchmarks.hpo.ranking_noise: per ranking in order, the medians of snr and paired_snr over the runs and how
+    many rankings each calls mostly noise (below 1); unknown values (NaN, None) are left out of both."""
+    from benchmarks.hpo.ranking_noise import table
+
+    first = lambda snr, paired: {"kind": "narrowing", "size_before": 8, "size_after": 4, "snr": snr, "paired_snr": paired}
+    runs = [[first(0.5, 2.0), {"kind": "narrowing", "size_before": 4, "size_after": 1, "snr": 0.2, "paired_snr": None}],
+            [first(0.7, 0.8)], [first(1.5, float("nan"))]]
+    lines = table(runs)
+    assert lines[2] == "| 1 | narrowing 8→4 | 3 | 0.70 | 1.40 | 2/3 | 1/2 |"
+    assert lines[3] == "| 2 | narrowing 4→1 | 1 | 0.20 | nan | 1/1 | 0/0 |"
