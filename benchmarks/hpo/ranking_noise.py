@@ -3,8 +3,8 @@
 Reads the ``rankings`` that ``benchmarks.hpo.run`` stores with each population run (every selection and
 narrowing, with ``snr``: the spread of the scores over their standard errors, and ``paired_snr``: the same
 over the standard error of the differences between members paired over the test questions they all
-answered) and prints, per ranking in order (the first narrowing, the second, ...), the median of each and
-how many rankings each calls mostly noise (below 1)::
+answered) and prints, per kind of ranking (a narrowing from 8 members to 4, a selection among 2, ...), the
+median of each and how many rankings each calls mostly noise (below 1)::
 
     python -m benchmarks.hpo.ranking_noise TASK=PARTS_DIR[:ARM] [TASK=PARTS_DIR[:ARM] ...]
 """
@@ -37,21 +37,22 @@ def _median(values: list[float]) -> float:
 
 
 def table(runs: list[list[dict]]) -> list[str]:
-    """One markdown row per ranking position: which cut (sizes), how many runs had it, median snr and
-    paired_snr, and the share of rankings below 1 by each."""
-    by_position = defaultdict(list)
+    """One markdown row per kind of ranking (a narrowing 8→4, a selection among 2, ...; the largest first,
+    narrowings before selections): how many rankings of that kind the runs made, the median of their snr and
+    paired_snr, and how many of them each calls mostly noise (below 1)."""
+    by_kind = defaultdict(list)
     for run in runs:
-        for i, r in enumerate(run):
-            by_position[i].append(r)
-    lines = ["| ranking | kind (sizes) | runs | median snr | median paired snr | snr < 1 | paired snr < 1 |",
-             "|---|---|---|---|---|---|---|"]
-    for i, rows in sorted(by_position.items()):
-        kinds = sorted({f"{r['kind']} {r['size_before']}→{r['size_after']}" for r in rows})
+        for r in run:
+            by_kind[(r["kind"], int(r["size_before"]), int(r["size_after"]))].append(r)
+    lines = ["| ranking | rankings | median snr | median paired snr | snr < 1 | paired snr < 1 |",
+             "|---|---|---|---|---|---|"]
+    below = lambda vs: sum(1 for v in vs if v is not None and math.isfinite(v) and v < 1)
+    known = lambda vs: sum(1 for v in vs if v is not None and math.isfinite(v))
+    for (kind, before, after), rows in sorted(by_kind.items(), key=lambda kv: (-kv[0][1], kv[0][0] != "narrowing",
+                                                                                -kv[0][2])):
         snr = [r.get("snr") for r in rows]
         paired = [r.get("paired_snr") for r in rows]
-        below = lambda vs: sum(1 for v in vs if v is not None and math.isfinite(v) and v < 1)
-        known = lambda vs: sum(1 for v in vs if v is not None and math.isfinite(v))
-        lines.append(f"| {i + 1} | {', '.join(kinds)} | {len(rows)} | {_median(snr):.2f} | {_median(paired):.2f} | "
+        lines.append(f"| {kind} {before}→{after} | {len(rows)} | {_median(snr):.2f} | {_median(paired):.2f} | "
                      f"{below(snr)}/{known(snr)} | {below(paired)}/{known(paired)} |")
     return lines
 

@@ -422,14 +422,16 @@ def test_a_population_under_the_gpu_cost_model_gets_more_cpu_than_its_budget(tmp
     assert set(single["raw_cpu_s_by_members"]) == {"1"} and single["raw_cpu_s"] == pytest.approx(single["cpu_s"], rel=1e-3)
 
 
-def test_ranking_noise_tabulates_each_ranking_position_over_the_runs():
-    """benchmarks.hpo.ranking_noise: per ranking in order, the medians of snr and paired_snr over the runs and how
-    many rankings each calls mostly noise (below 1); unknown values (NaN, None) are left out of both."""
+def test_ranking_noise_tabulates_each_kind_of_ranking_over_the_runs():
+    """benchmarks.hpo.ranking_noise: per kind of ranking (largest first, narrowings before selections), the medians
+    of snr and paired_snr over every ranking of that kind and how many each calls mostly noise (below 1); unknown
+    values (NaN, None) are left out of both."""
     from benchmarks.hpo.ranking_noise import table
 
-    first = lambda snr, paired: {"kind": "narrowing", "size_before": 8, "size_after": 4, "snr": snr, "paired_snr": paired}
-    runs = [[first(0.5, 2.0), {"kind": "narrowing", "size_before": 4, "size_after": 1, "snr": 0.2, "paired_snr": None}],
-            [first(0.7, 0.8)], [first(1.5, float("nan"))]]
-    lines = table(runs)
-    assert lines[2] == "| 1 | narrowing 8→4 | 3 | 0.70 | 1.40 | 2/3 | 1/2 |"
-    assert lines[3] == "| 2 | narrowing 4→1 | 1 | 0.20 | nan | 1/1 | 0/0 |"
+    cut = lambda snr, paired: {"kind": "narrowing", "size_before": 8, "size_after": 4, "snr": snr, "paired_snr": paired}
+    pick = {"kind": "selection", "size_before": 4, "size_after": 4, "snr": 0.3, "paired_snr": 0.9}
+    last = {"kind": "narrowing", "size_before": 4, "size_after": 1, "snr": 0.2, "paired_snr": None}
+    lines = table([[cut(0.5, 2.0), pick, last], [cut(0.7, 0.8)], [cut(1.5, float("nan"))]])
+    assert lines[2:] == ["| narrowing 8→4 | 3 | 0.70 | 1.40 | 2/3 | 1/2 |",
+                         "| narrowing 4→1 | 1 | 0.20 | nan | 1/1 | 0/0 |",
+                         "| selection 4→4 | 1 | 0.30 | 0.90 | 1/1 | 1/1 |"]
