@@ -208,6 +208,10 @@ class NarrowingSection(Section):
                             "with 2 (benchmarks/README.md, HPO section): level overall, so off by default.")
     wait_until: float | None = option(None, "With `wait_se`: the fraction of the budget after which a due cut acts "
                                       "anyway (default: the last fraction of `at`).")
+    pair_cut: bool = option(False, "A selection among the last two members, where the schedule goes on to one, is "
+                            "that last cut: the loser is released and the winner trains alone from there, instead of "
+                            "racing a mutated clone of itself to the next fraction of `at` (a ranking mostly within "
+                            "noise, which halves the lineage's steps until then).")
 
     def build(self):
         """The :class:`~evollm.hpo.narrowing.Narrowing`, or ``None`` when ``at`` is empty."""
@@ -222,7 +226,7 @@ class NarrowingSection(Section):
                              rollback_lr=self.rollback_lr, max_rollbacks=self.max_rollbacks, decline_se=self.decline_se,
                              on_tie=self.on_tie, tiebreak=self.tiebreak, tie_se=self.tie_se, anneal=self.anneal,
                              anneal_lr=self.anneal_lr, max_anneals=self.max_anneals, anneal_share=self.anneal_share,
-                             wait_se=self.wait_se, wait_until=self.wait_until)
+                             wait_se=self.wait_se, wait_until=self.wait_until, pair_cut=self.pair_cut)
         except ValueError as e:
             raise ConfigError(f"hpo.narrowing: {e}") from e
 

@@ -189,6 +189,13 @@ class Narrowing:
             together that is no gain, so the measured default stays.
         wait_until: the fraction of the budget after which a due cut acts whether or not a member has learnt
             (default ``None``: the last fraction of ``at``), so the search costs at most that share of it.
+        pair_cut: a selection among the last two members, where the schedule goes on to one, is that last cut:
+            the loser is released and the winner trains alone from there, instead of racing a mutated clone of
+            itself to the next milestone. Every selection among two keeps the winner and fills the other place
+            with its clone (tournament or truncation), so the pair that reaches the last cut is a member and
+            its own copy at another rate, a ranking whose paired signal-to-noise was below 1 on most seeds
+            (REINFORCE: 8 of 8; benchmarks/README.md, "the ranking's paired noise"), while the pair halves the
+            lineage's steps until that cut. Default ``False``.
 
     A milestone is acted on at the first step that has a fresh ranking (an evaluation, or any step
     when the selection ranks on training rewards) at or after it. Several milestones crossed at once
@@ -203,7 +210,7 @@ class Narrowing:
                  decline_se: float = DECLINE_SE, on_tie: str = "cut", tiebreak: str = "default_first",
                  tie_se: float = 0.0, anneal: bool = False, anneal_lr: float = ANNEAL_LR,
                  max_anneals: int = MAX_ANNEALS, anneal_share: float = ANNEAL_SHARE, wait_se: float = 0.0,
-                 wait_until: Optional[float] = None, revive_rate: str = "between") -> None:
+                 wait_until: Optional[float] = None, revive_rate: str = "between", pair_cut: bool = False) -> None:
         at = [float(a) for a in at]
         if not at:
             raise ValueError("Narrowing.at must name at least one fraction of the budget")
@@ -258,6 +265,7 @@ class Narrowing:
         self.anneal_share = float(anneal_share)
         self.wait_se = float(wait_se)
         self.wait_until = float(wait_until) if wait_until is not None else self.at[-1]
+        self.pair_cut = bool(pair_cut)
         self.passed = 0  # milestones acted on
         self.deferred = 0  # milestones due that the last cut left for the next regular ranking (on_tie)
         self.elapsed_s = 0.0  # budget-clock seconds spent before this process started (resume)
@@ -271,6 +279,16 @@ class Narrowing:
         """Whether a cut due at ``fraction`` of the budget waits (``wait_se``): no member has learnt yet
         (``has_learnt``, :func:`learnt`) and ``wait_until`` is not reached."""
         return self.wait_se > 0.0 and not has_learnt and fraction < self.wait_until - 1e-12
+
+    def cuts_pair(self, size: int) -> bool:
+        """Whether a selection among ``size`` members is the last cut instead (``pair_cut``): two members
+        are left and the milestones not yet acted on narrow them to one."""
+        return self.pair_cut and size == 2 and not self.finished and self.target(size, self.remaining) == 1
+
+    @property
+    def remaining(self) -> int:
+        """Milestones not yet acted on."""
+        return len(self.at) - self.passed
 
     def target(self, size: int, milestones: int) -> int:
         """Population size after acting on ``milestones`` milestones from ``size``."""
@@ -386,7 +404,8 @@ class Narrowing:
                 f"rollback={self.rollback}, decline={self.decline}, rollback_lr={self.rollback_lr}, "
                 f"max_rollbacks={self.max_rollbacks}, on_tie={self.on_tie!r}, tiebreak={self.tiebreak!r}, "
                 f"tie_se={self.tie_se}, anneal={self.anneal}, anneal_lr={self.anneal_lr}, max_anneals={self.max_anneals}, "
-                f"anneal_share={self.anneal_share}, wait_se={self.wait_se}, wait_until={self.wait_until})")
+                f"anneal_share={self.anneal_share}, wait_se={self.wait_se}, wait_until={self.wait_until}, "
+                f"pair_cut={self.pair_cut})")
 
     @property
     def finished(self) -> bool:

@@ -29,16 +29,17 @@ def cut_due(narrowing, size: int, step: int, max_steps: int, elapsed: float, max
 
 
 def narrow_population(agents: list, narrowing, step: int, max_steps: int, max_time: float | None, tournament,
-                      record: Population, log: Callable[[str], None] | None = None):
+                      record: Population, log: Callable[[str], None] | None = None, pair: bool = False):
     """Act on the milestones of ``narrowing`` the budget has reached: rank the members (by the
     selection's score when there is a selection, else by their last fitness), keep the best, release
     the others (adapters and optimizer state freed on the shared base) and record them as dropped.
-    Returns ``(agents, result)``; ``result`` is ``None`` when nothing was due."""
+    ``pair``: a selection among the last two members is due and is this cut (``hpo.narrowing.pair_cut``):
+    every milestone left acts now. Returns ``(agents, result)``; ``result`` is ``None`` when nothing was due."""
     from evollm.hpo.selection import SelectionResult
 
     fraction = dist.broadcast_object(budget_fraction(step, max_steps, narrowing.elapsed_s, max_time))
-    due = narrowing.due(fraction)
-    if not due or _waits(agents, narrowing, record, step, fraction, log):
+    due = narrowing.remaining if pair else narrowing.due(fraction)
+    if not due or (not pair and _waits(agents, narrowing, record, step, fraction, log)):
         return agents, None
     waited, narrowing.waited = narrowing.waited, 0  # the cut acts now: nothing waits any more
 
@@ -81,6 +82,9 @@ def narrow_population(agents: list, narrowing, step: int, max_steps: int, max_ti
             tie += f"; it waited {waited} ranking(s) for a member to learn (hpo.narrowing.wait_se)"
         if narrowing.deferred:
             tie += f"; {narrowing.deferred} more milestone(s) wait for the next ranking (hpo.narrowing.on_tie: one_rung)"
+        if pair:
+            tie += ("; a selection among the last two members was due, so it is the last cut "
+                    "(hpo.narrowing.pair_cut)")
         log(f"narrowing at step {step} ({fraction:.0%} of the budget): kept {[a.index for a in kept]}, "
             f"released {[a.index for a in dropped]}; ranking signal-to-noise {snr:.2f}"
             + (f" ({paired:.2f} paired over the same items)" if math.isfinite(paired) else "") + f"{hint}{tie}")

@@ -174,15 +174,22 @@ def evolve(pop: Sequence, train_step: Callable[[list, int], dict[int, dict]],
         if evo_steps is not None and done % evo_steps == 0 and done < max_steps \
                 and len(agents) >= getattr(tournament, "min_population", 2) \
                 and not (narrowing is not None and narrowing.waited):  # narrowed below it, or a cut waits: train on
-            dist.sync_rng(tournament, mutation)  # one source of randomness: process 0's
-            if save_elite and zero.active():
-                zero.snapshot_members(agents)  # process 0 writes the elite: gather its optimizer state on all
-            save = (lambda elite: elite.save_checkpoint(Path(elite_path or "elite") / f"step_{done}")) \
-                if save_elite and main else None
-            agents, result = _evolve_once(agents, tournament, mutation, record, done, save)
-            dist.agree(dist.population_digest(agents), f"the population after selection at step {done}")
+            if narrowing is not None and narrowing.cuts_pair(len(agents)):  # the last cut comes forward (pair_cut)
+                agents, result = narrow_population(agents, narrowing, done, max_steps, max_time, tournament,
+                                                   record, log if verbose else None, pair=True)
+                what = "narrowing"
+            else:
+                dist.sync_rng(tournament, mutation)  # one source of randomness: process 0's
+                if save_elite and zero.active():
+                    zero.snapshot_members(agents)  # process 0 writes the elite: gather its optimizer state on all
+                save = (lambda elite: elite.save_checkpoint(Path(elite_path or "elite") / f"step_{done}")) \
+                    if save_elite and main else None
+                agents, result = _evolve_once(agents, tournament, mutation, record, done, save)
+                what = "selection"
+            dist.agree(dist.population_digest(agents), f"the population after {what} at step {done}")
             state.agents = agents
-            call(callbacks, "on_selection", state, result)
+            if result is not None:
+                call(callbacks, "on_selection", state, result)
         state.agents = agents
         cool(done)  # the next step's rates, set before a checkpoint saves them
         _snapshot_for_checkpoints(agents, callbacks, state)

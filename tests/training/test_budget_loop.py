@@ -86,6 +86,30 @@ def test_a_tied_ranking_with_one_rung_on_ties_narrows_one_milestone_at_a_time(ca
     assert sorted(set(record.report()["step"])) == [1, 6, 9]
 
 
+def test_with_pair_cut_a_selection_among_the_last_two_members_is_the_last_cut(capsys):
+    """Without pair_cut the cut to two members at step 2 is followed, on the same ranking, by a selection that
+    replaces the loser with a mutated clone of the winner, and the member and its clone race to the cut at 80 %
+    of the budget (step 8). With pair_cut that selection is the last cut: the same winner trains alone from
+    step 2, no clone is made, and the log and the record say so."""
+    schedule = dict(at=(0.1, 0.8), keep=0.5, revive=False)  # no stall swap: the member kept trains to the end
+    _, base = _run(narrowing=Narrowing(**schedule), max_steps=10)
+    rows = base.selections()
+    cuts = rows.query("kind == 'narrowing'")
+    assert [(int(r.step), int(r.size_before), int(r.size_after)) for r in cuts.itertuples()] == [(2, 4, 2), (8, 2, 1)]
+    first = rows.query("kind == 'selection'").iloc[0]
+    assert int(first["step"]) == 2  # the selection among the two on the cut's own ranking
+    agents, record = _run(narrowing=Narrowing(**schedule, pair_cut=True), max_steps=10, verbose=True)
+    rows = record.selections()
+    cuts = rows.query("kind == 'narrowing'")
+    assert [(int(r.step), int(r.size_before), int(r.size_after)) for r in cuts.itertuples()] == [(2, 4, 2), (2, 2, 1)]
+    assert rows.query("kind == 'selection'").empty and record.lineage()["mutation_kind"].eq("clone").sum() == 0
+    assert [int(a.index) for a in agents] == [int(cuts.iloc[1]["best"])] == [int(first["best"])]
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("narrowing at step 2") and "pair_cut" in x)
+    assert "a selection among the last two members was due, so it is the last cut" in line
+    assert Narrowing(**schedule, pair_cut=True).cuts_pair(2) and not Narrowing(**schedule).cuts_pair(2)
+    assert not Narrowing(**schedule, pair_cut=True, min_size=2).cuts_pair(2)  # the schedule never goes to one
+
+
 def test_a_clock_of_the_callers_own_drives_the_budget_and_the_narrowing(capsys):
     """``max_time_clock`` may be a callable (e.g. a clock charging a cost model): here one second per step.
     With max_time 5 the run stops after step 5 of 100; the cut at 30 % comes at the first step past 1.5
