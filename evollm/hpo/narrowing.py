@@ -286,7 +286,7 @@ class Narrowing:
     def cuts_pair(self, size: int) -> bool:
         """Whether a selection among ``size`` members is the last cut instead (``pair_cut``): two members
         are left and the milestones not yet acted on narrow them to one."""
-        return self.pair_cut and size == 2 and not self.finished and self.target(size, self.remaining) == 1
+        return self.pair_cut and size == 2 and self.target(size, self.remaining) == 1
 
     @property
     def remaining(self) -> int:
