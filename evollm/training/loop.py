@@ -25,7 +25,7 @@ from evollm.run.reserve import Reserve
 from ..rollout import evaluate_population, generate_population
 from ..run.measure import member_tokens, with_costs
 from .dynamic_sampling import refill
-from .cuts import cut_due, narrow_population, ranking_stderr
+from .cuts import cut_due, narrow_population, ranking_stderr, step_rows
 from .revival import anneal_plateaued, rescue_quarantined, revive_stalled, roll_back_declined
 from .callbacks import Callback, LoopState, call
 from .quarantine import check_members, evaluate_healthy, healthy, replace_quarantined, stop_if_none_healthy
@@ -391,6 +391,7 @@ def finetune_llm_reasoning(pop: Sequence, env=None, settings: LoopSettings | Non
 
     def train_step(agents, step):
         prompts = dist.shard(env.reset())  # multi-process: this process's share of the global batch
+        prompts = step_rows(prompts, s.narrowing, len(agents))  # a share while several train (explore_share)
         seed_sampling(seed, step)
         started = time.perf_counter()
         rollouts = generate_population(healthy(agents), prompts)
