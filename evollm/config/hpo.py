@@ -214,10 +214,6 @@ class NarrowingSection(Section):
                             "noise, which halves the lineage's steps until then). Measured: tiny GRPO +0.012, "
                             "REINFORCE +0.026, the game +0.017, chain_calc -0.020 +- 0.008 (32 seeds), so an option "
                             "(benchmarks/README.md, HPO section).")
-    explore_share: float = option(1.0, "The share of each training step's prompts (a game's episodes, a team task's "
-                                  "rows) every member trains on while more than one member trains; the member left "
-                                  "alone trains on all of them. A rung ranks learning rates, which show in steps, so "
-                                  "half the rows buys about twice the steps per CPU-second before each cut (1: off).")
 
     def build(self):
         """The :class:`~evollm.hpo.narrowing.Narrowing`, or ``None`` when ``at`` is empty."""
@@ -232,8 +228,7 @@ class NarrowingSection(Section):
                              rollback_lr=self.rollback_lr, max_rollbacks=self.max_rollbacks, decline_se=self.decline_se,
                              on_tie=self.on_tie, tiebreak=self.tiebreak, tie_se=self.tie_se, anneal=self.anneal,
                              anneal_lr=self.anneal_lr, max_anneals=self.max_anneals, anneal_share=self.anneal_share,
-                             wait_se=self.wait_se, wait_until=self.wait_until, pair_cut=self.pair_cut,
-                             explore_share=self.explore_share)
+                             wait_se=self.wait_se, wait_until=self.wait_until, pair_cut=self.pair_cut)
         except ValueError as e:
             raise ConfigError(f"hpo.narrowing: {e}") from e
 

@@ -199,13 +199,6 @@ class Narrowing:
             default (benchmarks/README.md, "The last pair"): tiny GRPO +0.012 +- 0.006 (24 seeds), REINFORCE +0.026
             +- 0.018 (16), the game +0.017 +- 0.026 (20), chain_calc -0.020 +- 0.008 (32 seeds, 21 behind): on
             chain_calc the races between a member and its clone drift the rate where it pays, so it stays an option.
-        explore_share: the share of each training step's prompts (a game's episodes, a team task's rows) every
-            member trains on while more than one member trains; the member left alone trains on all of them.
-            A rung ranks learning rates, which show in steps (a member's distance moved is about its rate times its
-            steps: the loss is a mean over rows, so a step at half the rows moves as far, with more noise), so a
-            rung trained on half the rows sees the rates after the same steps for about half the compute (the
-            step's fixed costs stay), and the member kept has had more steps by the time it trains alone. Default
-            ``1.0`` (off).
 
     A milestone is acted on at the first step that has a fresh ranking (an evaluation, or any step
     when the selection ranks on training rewards) at or after it. Several milestones crossed at once
@@ -220,8 +213,7 @@ class Narrowing:
                  decline_se: float = DECLINE_SE, on_tie: str = "cut", tiebreak: str = "default_first",
                  tie_se: float = 0.0, anneal: bool = False, anneal_lr: float = ANNEAL_LR,
                  max_anneals: int = MAX_ANNEALS, anneal_share: float = ANNEAL_SHARE, wait_se: float = 0.0,
-                 wait_until: Optional[float] = None, revive_rate: str = "between", pair_cut: bool = False,
-                 explore_share: float = 1.0) -> None:
+                 wait_until: Optional[float] = None, revive_rate: str = "between", pair_cut: bool = False) -> None:
         at = [float(a) for a in at]
         if not at:
             raise ValueError("Narrowing.at must name at least one fraction of the budget")
@@ -261,8 +253,6 @@ class Narrowing:
             raise ValueError(f"Narrowing.wait_se must be >= 0 standard errors, got {wait_se!r}")
         if wait_until is not None and not 0.0 < float(wait_until) <= 1.0:
             raise ValueError(f"Narrowing.wait_until must be a fraction of the budget in (0, 1], got {wait_until!r}")
-        if not 0.0 < float(explore_share) <= 1.0:
-            raise ValueError(f"Narrowing.explore_share must be a share of the step's rows in (0, 1], got {explore_share!r}")
         self.at = tuple(at)
         self.keep = float(keep)
         self.min_size = int(min_size)
@@ -279,7 +269,6 @@ class Narrowing:
         self.wait_se = float(wait_se)
         self.wait_until = float(wait_until) if wait_until is not None else self.at[-1]
         self.pair_cut = bool(pair_cut)
-        self.explore_share = float(explore_share)
         self.passed = 0  # milestones acted on
         self.deferred = 0  # milestones due that the last cut left for the next regular ranking (on_tie)
         self.elapsed_s = 0.0  # budget-clock seconds spent before this process started (resume)
@@ -298,10 +287,6 @@ class Narrowing:
         """Whether a selection among ``size`` members is the last cut instead (``pair_cut``): two members
         are left and the milestones not yet acted on narrow them to one."""
         return self.pair_cut and size == 2 and self.target(size, self.remaining) == 1
-
-    def share(self, size: int) -> float:
-        """The share of a training step's rows each of ``size`` members trains on (``explore_share``)."""
-        return self.explore_share if size > 1 else 1.0
 
     @property
     def remaining(self) -> int:
@@ -423,7 +408,7 @@ class Narrowing:
                 f"max_rollbacks={self.max_rollbacks}, on_tie={self.on_tie!r}, tiebreak={self.tiebreak!r}, "
                 f"tie_se={self.tie_se}, anneal={self.anneal}, anneal_lr={self.anneal_lr}, max_anneals={self.max_anneals}, "
                 f"anneal_share={self.anneal_share}, wait_se={self.wait_se}, wait_until={self.wait_until}, "
-                f"pair_cut={self.pair_cut}, explore_share={self.explore_share})")
+                f"pair_cut={self.pair_cut})")
 
     @property
     def finished(self) -> bool:

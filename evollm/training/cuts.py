@@ -12,14 +12,6 @@ from evollm.run.population import Population
 from .revival import park_runner_up, starting_fitness
 
 
-def step_rows(items: list, narrowing, members: int) -> list:
-    """The part of a training step's ``items`` (prompts, episode seeds, team rows) that each of ``members``
-    members trains on: all of them, or with ``hpo.narrowing.explore_share`` and more than one member, the first
-    share of them (at least one). The data order does not change: the step still consumes every item."""
-    share = 1.0 if narrowing is None else narrowing.share(members)
-    return items if share >= 1.0 else items[:max(1, math.ceil(len(items) * share - 1e-9))]
-
-
 def cut_due(narrowing, size: int, step: int, max_steps: int, elapsed: float, max_time: float | None) -> bool:
     """Whether the loop should evaluate at this step for ``narrowing``'s sake (that interval's regular
     evaluation is then not repeated at its usual step, so the run evaluates as often as without): a cut

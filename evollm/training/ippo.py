@@ -25,7 +25,6 @@ from ..algorithms.ippo_rollout import evaluate_teams, play_teams
 from ..envs.team import TeamTask
 from evollm.run.population import Population
 from .callbacks import Callback
-from .cuts import step_rows
 from .data_parallel import reduce_fitness, seed_sampling
 from .quarantine import healthy
 from .loop import closing_all, evolve, run_callbacks
@@ -98,7 +97,6 @@ def finetune_ippo(teams: Sequence[IPPOTeam], task: TeamTask, settings: LoopSetti
     def train_step(agents, step):
         active = healthy(agents)
         rows = dist.shard(task.next_rows(buffer), "rows (rollout_buffer_size)")  # multi-process: this process's share
-        rows = step_rows(rows, s.narrowing, len(agents))  # a share while several teams train (explore_share)
         seed_sampling(seed, step)
         rollout = play_teams(active, task, rows, training=True)
         results = IPPOTeam.learn_population(active, [rollout.experiences[t.index] for t in active])

@@ -25,7 +25,7 @@ from evollm.run.reserve import Reserve
 from ..rollout import evaluate_population, generate_population
 from ..run.measure import member_tokens, with_costs
 from .dynamic_sampling import refill
-from .cuts import cut_due, narrow_population, ranking_stderr, step_rows
+from .cuts import cut_due, narrow_population, ranking_stderr
 from .revival import anneal_plateaued, rescue_quarantined, revive_stalled, roll_back_declined
 from .callbacks import Callback, LoopState, call
 from .quarantine import check_members, evaluate_healthy, healthy, replace_quarantined, stop_if_none_healthy
@@ -372,16 +372,12 @@ def finetune_llm_reasoning(pop: Sequence, env=None, settings: LoopSettings | Non
     n_proc = dist.num_processes()
     if env.batch_size % n_proc:
         raise ValueError(f"the env's batch of {env.batch_size} prompts does not split over {n_proc} processes")
-    full = env.batch_size // n_proc
-    shared = len(step_rows(range(full), s.narrowing, len(pop)))  # prompts per member while several train
     for agent in pop:
-        for prompts in dict.fromkeys((full, shared)):
-            rows = prompts * agent.config.group_size
-            if rows > agent.config.batch_size and rows % agent.config.batch_size:
-                share = f" at hpo.narrowing.explore_share={s.narrowing.explore_share:g}: {prompts}" if prompts != full else ""
-                raise ValueError(f"member {agent.index}: data_batch_size_per_gpu ({env.batch_size}){share} x group_size "
-                                 f"({agent.config.group_size}) = {rows} rows do not divide into "
-                                 f"batch_size={agent.config.batch_size}")
+        rows = env.batch_size // n_proc * agent.config.group_size
+        if rows > agent.config.batch_size and rows % agent.config.batch_size:
+            raise ValueError(f"member {agent.index}: data_batch_size_per_gpu ({env.batch_size}) x group_size "
+                             f"({agent.config.group_size}) = {rows} rows do not divide into "
+                             f"batch_size={agent.config.batch_size}")
         if n_proc > 1 and getattr(agent.config, "dynamic_sampling", False):
             raise ValueError(f"member {agent.index}: dynamic_sampling is not supported with {n_proc} processes (each "
                              "would refill its own share of the batch, and their updates would no longer line up); "
@@ -395,7 +391,6 @@ def finetune_llm_reasoning(pop: Sequence, env=None, settings: LoopSettings | Non
 
     def train_step(agents, step):
         prompts = dist.shard(env.reset())  # multi-process: this process's share of the global batch
-        prompts = step_rows(prompts, s.narrowing, len(agents))  # a share while several train (explore_share)
         seed_sampling(seed, step)
         started = time.perf_counter()
         rollouts = generate_population(healthy(agents), prompts)

@@ -36,7 +36,6 @@ from ..rollout import Episode, EnvPool, collect_episodes, stack_episodes
 from ..rollout.population import Fitness, item_products, mean_stderr
 from ..run.measure import member_tokens, with_costs
 from .compat import AGILERL_ONLY, agilerl_extras, pick_selection
-from .cuts import step_rows
 from .data_parallel import reduce_fitness, seed_sampling
 from .quarantine import healthy
 from .loop import closing_all, evolve, learn_all, run_callbacks
@@ -129,7 +128,6 @@ def finetune_llm_multiturn(pop: Sequence, max_turns: int, env_factory: Callable[
         active = healthy(agents)
         seeds = [seed * 10**6 + step * episodes_per_step + i for i in range(episodes_per_step)]
         seeds = dist.shard(seeds, "episodes (episodes_per_step)")  # multi-process: this process's share
-        seeds = step_rows(seeds, s.narrowing, len(agents))  # a share while several members train (explore_share)
         seed_sampling(seed, step)
         groups = [max(1, int(getattr(a.config, "group_size", 1))) for a in active]
         envs = pool.get(len(seeds) * sum(groups))
