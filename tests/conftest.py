@@ -65,10 +65,11 @@ class StopAt(Callback):
 
 
 def lone_member_run(narrowing, reward, ckpt=None, resume=False, callbacks=(), max_steps=8, verbose=False,
-                    lrs=(1e-3, 1e-3)):
+                    lrs=(1e-3, 1e-3), default_founder=None):
     """Two GRPO members (learning rates ``lrs``) on a fresh tiny model, evaluated every step on 8 one-digit sums
     scored by ``reward``, narrowed by ``narrowing`` (e.g. to one member at step 1): the scene of the rules for a
-    member training alone (stall swap, roll-back, anneal). Checkpoints every step into ``ckpt`` when given."""
+    member training alone (stall swap, roll-back, anneal). Checkpoints every step into ``ckpt`` when given.
+    ``default_founder``: the member (0 or 1) that holds the starting values (``algorithm.default_founder``)."""
     from evollm.envs.reasoning import ReasoningGym
     from evollm.recipes.warm_start import load_tiny_model
     from evollm.tasks import ARITHMETIC_TEMPLATE, arithmetic_dataset
@@ -79,6 +80,8 @@ def lone_member_run(narrowing, reward, ckpt=None, resume=False, callbacks=(), ma
     pop = make_grpo(model, tok, n=2, lr=1e-3)
     for member, lr in zip(pop, lrs):
         member.set_hyperparameter("lr", lr)
+    if default_founder is not None:
+        pop[default_founder].default_founder = True
     train, test = arithmetic_dataset(n_train=64, n_test=8, digits=(1, 1), seed=0)
     env = ReasoningGym(train, test, tok, reward, ARITHMETIC_TEMPLATE, data_batch_size_per_gpu=4)
     return finetune_llm_reasoning(

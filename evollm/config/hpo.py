@@ -185,6 +185,10 @@ class NarrowingSection(Section):
                                  "Why: with a time budget a faster machine makes more evaluations, and `patience` of "
                                  "them without a new best then come by chance during a slow rise (measured: "
                                  "benchmarks/README.md, HPO section, 2026-11-28 afternoon).")
+    anneal_floor: str = option("range", "How low an anneal takes a learning rate: `range` to the search range's lower "
+                               "end; `start` not below the rate the run started from (the default founder's), and a "
+                               "member at or below that rate is not annealed: only the faster rates the cuts kept come "
+                               "back toward it.", choices=("range", "start"))
     decline: float = option(0.1, "Fall below the best state's fitness, as a share of it, that triggers a roll-back.")
     decline_se: float = option(1.5, "Standard errors of the best state's evaluation that the fall must also exceed "
                                     "(0: the share `decline` alone), beyond the best state's luck (the expected "
@@ -228,7 +232,7 @@ class NarrowingSection(Section):
                              rollback_lr=self.rollback_lr, max_rollbacks=self.max_rollbacks, decline_se=self.decline_se,
                              on_tie=self.on_tie, tiebreak=self.tiebreak, tie_se=self.tie_se, anneal=self.anneal,
                              anneal_lr=self.anneal_lr, max_anneals=self.max_anneals, anneal_share=self.anneal_share,
-                             wait_se=self.wait_se, wait_until=self.wait_until, pair_cut=self.pair_cut)
+                             anneal_floor=self.anneal_floor, wait_se=self.wait_se, wait_until=self.wait_until, pair_cut=self.pair_cut)
         except ValueError as e:
             raise ConfigError(f"hpo.narrowing: {e}") from e
 

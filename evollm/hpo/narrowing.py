@@ -33,6 +33,8 @@ ON_TIE = ("cut", "one_rung")
 TIEBREAKS = ("default_first", "reward")
 #: the learning rates a stall swap's reserve trains on (``Narrowing.revive_rate``)
 REVIVE_RATES = ("own", "between")
+#: how low an anneal may take a learning rate (``Narrowing.anneal_floor``)
+ANNEAL_FLOORS = ("range", "start")
 #: training steps whose rewards break a narrowing's ties (:func:`recent_reward`)
 TIE_WINDOW = 10
 
@@ -144,6 +146,11 @@ class Narrowing:
             at the same evaluation on 24 of 35 anneals and one to six evaluations later on the other 11 (all 8 of chain_calc's).
         anneal_lr: the factor of an anneal (default 0.5).
         max_anneals: anneals per run at most (default 2).
+        anneal_floor: how low an anneal takes a rate: ``"range"`` (default) to the search range's lower end;
+            ``"start"`` not below the rate the run started from (the default founder's: the value set in the
+            config, else the algorithm's default), and a member at or below it is not annealed. The cuts favour
+            rates above the starting one that rise fast and then plateau; this brings them back toward the
+            starting rate, and leaves the starting rate's own lineage as a single run would train it.
         decline: the fall, as a share of the best state's fitness, that counts (default 0.1).
         decline_se: the fall must also exceed this many standard errors of the best state's evaluation
             (default 1.5; 0: the share alone). Why: on chain_calc (scores about 0.2, a tenth of which is
@@ -213,7 +220,8 @@ class Narrowing:
                  decline_se: float = DECLINE_SE, on_tie: str = "cut", tiebreak: str = "default_first",
                  tie_se: float = 0.0, anneal: bool = False, anneal_lr: float = ANNEAL_LR,
                  max_anneals: int = MAX_ANNEALS, anneal_share: float = ANNEAL_SHARE, wait_se: float = 0.0,
-                 wait_until: Optional[float] = None, revive_rate: str = "between", pair_cut: bool = False) -> None:
+                 wait_until: Optional[float] = None, revive_rate: str = "between", pair_cut: bool = False,
+                 anneal_floor: str = "range") -> None:
         at = [float(a) for a in at]
         if not at:
             raise ValueError("Narrowing.at must name at least one fraction of the budget")
@@ -245,6 +253,8 @@ class Narrowing:
             raise ValueError(f"Narrowing.anneal_lr must be a factor in (0, 1], got {anneal_lr!r}")
         if int(max_anneals) < 0:
             raise ValueError(f"Narrowing.max_anneals must be >= 0, got {max_anneals!r}")
+        if anneal_floor not in ANNEAL_FLOORS:
+            raise ValueError(f"Narrowing.anneal_floor must be one of {list(ANNEAL_FLOORS)}, got {anneal_floor!r}")
         if not 0.0 <= float(anneal_share) < 1.0:
             raise ValueError(f"Narrowing.anneal_share must be a share of the budget in [0, 1), got {anneal_share!r}")
         if not float(tie_se) >= 0.0:
@@ -265,7 +275,7 @@ class Narrowing:
         self.rollback_lr, self.max_rollbacks = float(rollback_lr), int(max_rollbacks)
         self.on_tie, self.tiebreak, self.tie_se = on_tie, tiebreak, float(tie_se)
         self.anneal, self.anneal_lr, self.max_anneals = bool(anneal), float(anneal_lr), int(max_anneals)
-        self.anneal_share = float(anneal_share)
+        self.anneal_share, self.anneal_floor = float(anneal_share), anneal_floor
         self.wait_se = float(wait_se)
         self.wait_until = float(wait_until) if wait_until is not None else self.at[-1]
         self.pair_cut = bool(pair_cut)
@@ -407,7 +417,7 @@ class Narrowing:
                 f"rollback={self.rollback}, decline={self.decline}, rollback_lr={self.rollback_lr}, "
                 f"max_rollbacks={self.max_rollbacks}, on_tie={self.on_tie!r}, tiebreak={self.tiebreak!r}, "
                 f"tie_se={self.tie_se}, anneal={self.anneal}, anneal_lr={self.anneal_lr}, max_anneals={self.max_anneals}, "
-                f"anneal_share={self.anneal_share}, wait_se={self.wait_se}, wait_until={self.wait_until}, "
+                f"anneal_share={self.anneal_share}, anneal_floor={self.anneal_floor!r}, wait_se={self.wait_se}, wait_until={self.wait_until}, "
                 f"pair_cut={self.pair_cut})")
 
     @property

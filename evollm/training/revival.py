@@ -173,16 +173,20 @@ def _set_learning_rates(agent, new_rate: Callable[[str, float], float]) -> dict[
     return changed
 
 
-def scaled_learning_rates(agent, factor: float, fell=None) -> dict[str, tuple[float, float]]:
+def scaled_learning_rates(agent, factor: float, fell=None, floor: dict[str, float] | None = None
+                          ) -> dict[str, tuple[float, float]]:
     """Set ``agent``'s learning rates (:func:`learning_rate_names`) to ``factor`` times the lower of its own and
     those of ``fell`` (the member that fell away, when given: a second roll-back lowers the rate again), not below
-    their search range's lower end. Returns ``{name: (old, new)}``."""
+    their search range's lower end, nor below ``floor[name]`` (where given) unless the rate was below it already
+    (a rate at or below its floor stays as it is). Returns ``{name: (old, new)}``."""
     space = getattr(agent, "hp_config", None)
 
     def scaled(name: str, old: float) -> float:
         base = min(old, float(fell.get_hyperparameter(name))) if fell is not None else old
-        floor = float(space[name].min) if space is not None and name in space.rl_hp_names() else 0.0
-        return max(base * factor, floor)
+        lowest = float(space[name].min) if space is not None and name in space.rl_hp_names() else 0.0
+        if floor and name in floor:
+            lowest = max(lowest, min(old, float(floor[name])))
+        return max(base * factor, lowest)
 
     return _set_learning_rates(agent, scaled)
 
@@ -291,6 +295,24 @@ def changed_at(record: Population) -> float:
     return max(known) if known else math.nan
 
 
+def starting_rates(record: Population) -> dict[str, float]:
+    """The learning rates the run started from: the default founder's at its birth (the values set in the
+    config, else the algorithm's defaults; ``algorithm.default_founder``); ``{}`` when no founder held them.
+
+    >>> from evollm.run.population import Birth
+    >>> record = Population()
+    >>> record.births = [Birth(0, None, 0, 0, hyperparameters={"lr": 1e-4, "beta": 0.0}, default_founder=True),
+    ...                  Birth(1, None, 0, 0, hyperparameters={"lr": 5e-4}), Birth(2, 0, 1, 10, default_founder=True,
+    ...                  hyperparameters={"lr": 1.2e-4})]
+    >>> starting_rates(record)
+    {'lr': 0.0001}
+    """
+    founder = next((b for b in record.births if b.parent is None and b.default_founder), None)
+    if founder is None:
+        return {}
+    return {k: float(v) for k, v in founder.hyperparameters.items() if k in LEARNING_RATES}
+
+
 def anneal_plateaued(agents: list, narrowing, tournament, record: Population, step: int, max_steps: int,
                      max_time: float | None, log: Callable[[str], None] | None = None) -> list:
     """After an evaluation: when the schedule is finished and the members train alone, a member whose held-out
@@ -299,7 +321,8 @@ def anneal_plateaued(agents: list, narrowing, tournament, record: Population, st
     population last changed (its cut, a swap, a
     roll-back or an earlier anneal: :func:`fitness_since_change`), above the level the run started from
     (:func:`starting_fitness`), trains on with its learning rates times
-    ``narrowing.anneal_lr`` (:func:`scaled_learning_rates`: not below their search range), at most
+    ``narrowing.anneal_lr`` (:func:`scaled_learning_rates`: not below their search range; with
+    ``narrowing.anneal_floor == "start"`` not below the rates the run started from, :func:`starting_rates`), at most
     ``narrowing.max_anneals`` times per run. Recorded as a ``revival`` row with ``reason == "anneal"`` (the
     member stays: the row's ``kept``). Returns the members to train on (the same ones)."""
     from evollm.hpo.selection import SelectionResult
@@ -308,6 +331,7 @@ def anneal_plateaued(agents: list, narrowing, tournament, record: Population, st
             or step >= max_steps or revivals(record, "anneal") >= narrowing.max_anneals):
         return agents
     start = starting_fitness(record)
+    floor = starting_rates(record) if narrowing.anneal_floor == "start" else None
     for agent in agents:
         if getattr(agent, "quarantined", False) or revivals(record, "anneal") >= narrowing.max_anneals:
             continue
@@ -317,8 +341,8 @@ def anneal_plateaued(agents: list, narrowing, tournament, record: Population, st
                                     narrowing.anneal_share)
         if not plateaued(fitness, patience, start=start):
             continue
-        changed = scaled_learning_rates(agent, narrowing.anneal_lr)
-        if not changed:  # at the lower end of its range already
+        changed = scaled_learning_rates(agent, narrowing.anneal_lr, floor=floor)
+        if not changed:  # at the lower end of its range (or at its floor) already
             continue
         scores = {int(agent.index): fitness[-1]}
         result = SelectionResult(elite=None, population=list(agents), dropped=[], scores=scores,

@@ -30,11 +30,13 @@ def test_narrowing_rejects_bad_anneal_settings():
                             ({"anneal_lr": 2.0}, r"anneal_lr must be a factor in \(0, 1\]"),
                             ({"max_anneals": -1}, "max_anneals must be >= 0"),
                             ({"anneal_share": 1.0}, r"anneal_share must be a share of the budget in \[0, 1\)"),
-                            ({"anneal_share": -0.1}, r"anneal_share must be a share of the budget in \[0, 1\)")):
+                            ({"anneal_share": -0.1}, r"anneal_share must be a share of the budget in \[0, 1\)"),
+                            ({"anneal_floor": "zero"}, r"anneal_floor must be one of \['range', 'start'\], got 'zero'")):
         with pytest.raises(ValueError, match=message):
             Narrowing(**kwargs)
     n = Narrowing()
     assert (n.anneal, n.anneal_lr, n.max_anneals, n.anneal_share) == (False, 0.5, 2, 0.1)  # an option, off by default
+    assert n.anneal_floor == "range"
 
 
 def test_a_plateau_spans_a_share_of_the_budget_by_hand():
@@ -72,11 +74,12 @@ RISE_AND_FALL = (0.5, 1.0, 0.0, 0.0, 1.0, 0.0)
 
 
 def _run(ckpt=None, resume=False, callbacks=(), anneal=True, max_anneals=2, verbose=False, scales=RISE_AND_FALL,
-         anneal_share=0.1):
+         anneal_share=0.1, anneal_floor="range", default_founder=None):
     PHASE["scale"] = scales[-1] if resume else scales[0]  # a resumed run starts after step 5
     narrowing = Narrowing(at=(0.1,), keep=0.5, min_size=1, revive=False, rollback=False, patience=2, anneal=anneal,
-                          max_anneals=max_anneals, anneal_share=anneal_share)
-    return lone_member_run(narrowing, _reward, ckpt, resume, [_Phases(scales), *callbacks], verbose=verbose)
+                          max_anneals=max_anneals, anneal_share=anneal_share, anneal_floor=anneal_floor)
+    return lone_member_run(narrowing, _reward, ckpt, resume, [_Phases(scales), *callbacks], verbose=verbose,
+                           default_founder=default_founder)
 
 
 def test_a_member_whose_fitness_stops_rising_trains_on_at_half_the_rate(capsys):
@@ -122,6 +125,41 @@ def test_a_member_that_has_not_risen_above_the_start_is_not_annealed():
     assert "revival" not in set(record.selections()["kind"]) and agents[0].get_hyperparameter("lr") == 1e-3
     from evollm.training.revival import starting_fitness
     assert starting_fitness(record) == pytest.approx(record.report().query("step == 1")["fitness"].median())
+
+
+def test_an_anneal_floored_at_the_start_by_hand():
+    """``anneal_floor: start``: a rate comes down toward the starting one and stops there; a rate at or below it
+    is left as it is (never raised)."""
+    from conftest import make_grpo
+
+    from evollm.recipes.warm_start import load_tiny_model
+    from evollm.training.revival import scaled_learning_rates
+
+    model, tok = load_tiny_model(warm_start=False, seed=0)
+    agent = make_grpo(model, tok, lr=1e-3)[0]
+    assert scaled_learning_rates(agent, 0.5, floor={"lr": 4e-4}) == {"lr": (1e-3, 5e-4)}
+    assert scaled_learning_rates(agent, 0.5, floor={"lr": 4e-4}) == {"lr": (5e-4, 4e-4)}
+    assert scaled_learning_rates(agent, 0.5, floor={"lr": 4e-4}) == {}  # at its floor
+    agent.set_hyperparameter("lr", 2e-4)
+    assert scaled_learning_rates(agent, 0.5, floor={"lr": 4e-4}) == {}  # below it: not raised
+    assert scaled_learning_rates(agent, 0.5, floor={}) == {"lr": (2e-4, 1e-4)}  # no floor for it: halved
+    group = next(g for g in agent.optimizer.param_groups if g.get("name") == "actor")
+    assert group["lr"] == pytest.approx(1e-4)
+
+
+def test_the_starting_rate_is_not_annealed_with_anneal_floor_start():
+    """The run of the first test with member 0 as the default founder (the tie at the cut keeps it): with
+    ``anneal_floor: range`` its rate halves twice on the plateaus, with ``start`` it trains on at the rate the run
+    started from, as a single run would, and no anneal is recorded."""
+    agents, record = _run(default_founder=0)
+    assert [a.index for a in agents] == [0]
+    assert list(record.selections().query("kind == 'revival'")["reason"]) == ["anneal", "anneal"]
+    assert agents[0].get_hyperparameter("lr") == pytest.approx(2.5e-4)
+    agents, record = _run(default_founder=0, anneal_floor="start")
+    assert [a.index for a in agents] == [0]
+    assert "revival" not in set(record.selections()["kind"]) and agents[0].get_hyperparameter("lr") == 1e-3
+    from evollm.training.revival import starting_rates
+    assert starting_rates(record) == {"lr": 1e-3}
 
 
 def test_without_anneal_the_rate_stays():
