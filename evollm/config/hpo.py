@@ -170,13 +170,12 @@ class NarrowingSection(Section):
                             "lower of its and the fallen member's learning rates, at most `max_rollbacks` times; the best state is kept as with "
                             "train.keep_best. Why: the first cuts favour the rate whose play improves fastest, often one "
                             "that then falls back alone (benchmarks/README.md, HPO section).")
-    anneal: bool = option(False, "When the member training alone has `patience` evaluations without a new best since "
-                          "it was last chosen or changed, its learning rates are multiplied by `anneal_lr` (not below their "
-                          "search range; only once its best is above the run's first evaluation), at most `max_anneals` "
-                          "times: a learning rate reduced on a plateau, for the fast-rising rates the first cuts keep "
-                          "(measured: +0.031 REINFORCE, +0.016 tiny GRPO, +0.013 the game, -0.008 chain_calc against "
-                          "the same population without it, runs of 150-250 steps), and off by default since: in runs of 400-700 steps "
-                          "it was level on those tasks and cost the game 0.044 (benchmarks/README.md, HPO section).")
+    anneal: bool = option(True, "When the member training alone has `patience` evaluations without a new best since "
+                          "it was last chosen or changed, its learning rates are multiplied by `anneal_lr` (not below "
+                          "`anneal_floor`; only once its best is above the run's first evaluation), at most `max_anneals` "
+                          "times: a learning rate reduced on a plateau, for the fast-rising rates the first cuts keep. "
+                          "Measured with `anneal_floor: start` against the library without it: the relay +0.011, "
+                          "REINFORCE +0.017, the game +0.004, tiny GRPO -0.002 (benchmarks/README.md, HPO section).")
     anneal_lr: float = option(0.5, "Factor on the learning rates at an anneal.")
     max_anneals: int = option(2, "Anneals per run at most.")
     anneal_share: float = option(0.1, "The share of the budget a plateau must last before an anneal, counted in "
@@ -185,10 +184,11 @@ class NarrowingSection(Section):
                                  "Why: with a time budget a faster machine makes more evaluations, and `patience` of "
                                  "them without a new best then come by chance during a slow rise (measured: "
                                  "benchmarks/README.md, HPO section, 2026-11-28 afternoon).")
-    anneal_floor: str = option("range", "How low an anneal takes a learning rate: `range` to the search range's lower "
-                               "end; `start` not below the rate the run started from (the default founder's), and a "
-                               "member at or below that rate is not annealed: only the faster rates the cuts kept come "
-                               "back toward it.", choices=("range", "start"))
+    anneal_floor: str = option("start", "How low an anneal takes a learning rate: `start` not below the rate the run "
+                               "started from (the default founder's), and a member at or below that rate is not "
+                               "annealed, so only the faster rates the cuts kept come back toward it; `range` down to "
+                               "the search range's lower end (which cost the game 0.044: its greedy score is flat "
+                               "between jumps, and the anneal halved the starting rate too).", choices=("range", "start"))
     decline: float = option(0.1, "Fall below the best state's fitness, as a share of it, that triggers a roll-back.")
     decline_se: float = option(1.5, "Standard errors of the best state's evaluation that the fall must also exceed "
                                     "(0: the share `decline` alone), beyond the best state's luck (the expected "

@@ -121,20 +121,21 @@ class Narrowing:
             0.40-0.52; benchmarks/README.md).
         anneal: when a member training alone (the schedule finished, selection stopped) has :func:`~evollm.hpo.lone.plateaued`
             (``patience`` evaluations without a new best since it was last chosen or changed), multiply its learning
-            rates by ``anneal_lr`` in place (not below their search range; only once its best is above the run's
+            rates by ``anneal_lr`` in place (not below ``anneal_floor``; only once its best is above the run's
             first evaluation, the median over the members), at most ``max_anneals`` times per
             run: PBT's explore step downwards, on the one member left, as a learning-rate schedule reduces on a
-            plateau. Default ``False`` (it was ``True`` from the morning to the afternoon of 2026-11-28). Why it was on: the first cuts keep the member whose score rises fastest, often a
-            rate that then scores noisily around a plateau below what a lower rate reaches (REINFORCE on the
-            arithmetic task: lone members at 3e-4 to 8e-4 sat at 0.61-0.75 on validation from their first
-            evaluations on while the default run at 1e-4 climbed to 0.73-0.75). Measured against the same
-            population without it (benchmarks/README.md, 2026-11-28): REINFORCE +0.031 +- 0.011, tiny GRPO
-            +0.016 +- 0.012, the game +0.013 +- 0.010, chain_calc -0.008 +- 0.013.
-            Why it is off: on a machine three times as fast (runs of 400-700 steps instead of 150-250, the
-            same CPU budgets), with ``anneal_share``, it was level on the arithmetic tasks and chain_calc (+0.003,
-            -0.004, +0.004) and cost the game 0.044 +- 0.029 (10 seeds): the game's greedy score is flat for
-            tens of steps between jumps, and the anneal halved rates twice that were still to jump, the default
-            founder's 1e-4 among them.
+            plateau. Default ``True`` with ``anneal_floor="start"`` (since 2026-11-29; off before). Why: the first
+            cuts keep the member whose score rises fastest, often a rate above the starting one that then sits on a
+            plateau below what a lower rate reaches (the relay's lone members at 3.3e-4 to 9.7e-4: 0.936, the
+            default run's 1e-4: 0.949). Measured side by side against the library without it (benchmarks/README.md,
+            2026-11-29): the relay +0.011 +- 0.003 (20 seeds; level with the default run after it), REINFORCE
+            +0.017 +- 0.009, the game +0.004 +- 0.010, tiny GRPO -0.002 +- 0.011. Without the floor (``range``) it
+            cost the game 0.044 +- 0.029 in runs of 400-700 steps: the game's greedy score is flat for tens of
+            steps between jumps, and the anneal halved rates still to jump, the default founder's 1e-4 among them.
+        anneal_floor: how low an anneal takes a rate: ``"start"`` (default) not below the rate the run started
+            from (the default founder's: the value set in the config, else the algorithm's default), and a member
+            at or below it is not annealed, so the starting rate's own lineage trains as a single run would;
+            ``"range"`` down to the search range's lower end. With no default founder, ``start`` is the range.
         anneal_share: the share of the budget a plateau must last, in evaluations at the rate the member has been
             evaluated since it was chosen (:func:`~evollm.hpo.lone.plateau_patience`; at least ``patience``; default 0.1, 0:
             ``patience`` alone). Why: with a
@@ -146,11 +147,6 @@ class Narrowing:
             at the same evaluation on 24 of 35 anneals and one to six evaluations later on the other 11 (all 8 of chain_calc's).
         anneal_lr: the factor of an anneal (default 0.5).
         max_anneals: anneals per run at most (default 2).
-        anneal_floor: how low an anneal takes a rate: ``"range"`` (default) to the search range's lower end;
-            ``"start"`` not below the rate the run started from (the default founder's: the value set in the
-            config, else the algorithm's default), and a member at or below it is not annealed. The cuts favour
-            rates above the starting one that rise fast and then plateau; this brings them back toward the
-            starting rate, and leaves the starting rate's own lineage as a single run would train it.
         decline: the fall, as a share of the best state's fitness, that counts (default 0.1).
         decline_se: the fall must also exceed this many standard errors of the best state's evaluation
             (default 1.5; 0: the share alone). Why: on chain_calc (scores about 0.2, a tenth of which is
@@ -218,10 +214,10 @@ class Narrowing:
                  patience: int = STALL_PATIENCE, no_signal: float = STALL_NO_SIGNAL, rollback: bool = True,
                  decline: float = DECLINE, rollback_lr: float = ROLLBACK_LR, max_rollbacks: int = MAX_ROLLBACKS,
                  decline_se: float = DECLINE_SE, on_tie: str = "cut", tiebreak: str = "default_first",
-                 tie_se: float = 0.0, anneal: bool = False, anneal_lr: float = ANNEAL_LR,
+                 tie_se: float = 0.0, anneal: bool = True, anneal_lr: float = ANNEAL_LR,
                  max_anneals: int = MAX_ANNEALS, anneal_share: float = ANNEAL_SHARE, wait_se: float = 0.0,
                  wait_until: Optional[float] = None, revive_rate: str = "between", pair_cut: bool = False,
-                 anneal_floor: str = "range") -> None:
+                 anneal_floor: str = "start") -> None:
         at = [float(a) for a in at]
         if not at:
             raise ValueError("Narrowing.at must name at least one fraction of the budget")
