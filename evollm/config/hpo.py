@@ -176,7 +176,7 @@ class NarrowingSection(Section):
                           "times: a learning rate reduced on a plateau, for the fast-rising rates the first cuts keep. "
                           "Measured with `anneal_floor: start` against the library without it: the relay +0.011, "
                           "REINFORCE +0.017, chain_calc +0.019, the game +0.004, tiny GRPO -0.002, but SmolLM2, whose "
-                          "starting rate is ten times too low, lost 0.29 on one seed of two; so an option, off by "
+                          "starting rate is ten times too low, lost 0.133 +- 0.080 on four seeds; so an option, off by "
                           "default (benchmarks/README.md, HPO section).")
     anneal_lr: float = option(0.5, "Factor on the learning rates at an anneal.")
     max_anneals: int = option(2, "Anneals per run at most.")

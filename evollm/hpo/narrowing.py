@@ -131,7 +131,7 @@ class Narrowing:
             2026-11-29): the relay +0.011 +- 0.003 (20 seeds; level with the default run after it), REINFORCE
             +0.017 +- 0.009, chain_calc +0.019 +- 0.010, the game +0.004 +- 0.010, tiny GRPO -0.002 +- 0.011. Why
             it is off: on SmolLM2, whose starting rate (5e-5) is ten times below its best, it pulls the stall swap's
-            reserve toward that rate (one seed of two 0.567 -> 0.275). Without the floor (``range``) it
+            reserve toward that rate (-0.133 +- 0.080 on four seeds). Without the floor (``range``) it
             cost the game 0.044 +- 0.029 in runs of 400-700 steps: the game's greedy score is flat for tens of
             steps between jumps, and the anneal halved rates still to jump, the default founder's 1e-4 among them.
         anneal_floor: how low an anneal takes a rate: ``"start"`` (default) not below the rate the run started
