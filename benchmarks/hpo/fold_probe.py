@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from statistics import mean
 
 FOLDS = ("sum_scaled", "sum_capped", "mean")
 
@@ -53,9 +54,6 @@ def probe(task, cfg, seed: int, k: int) -> dict:
     from evollm.adapters.shared import SharedBase
 
     from .arms import evolution_overrides, hps, members_of, search_space, with_overrides
-
-    def mean(xs):
-        return sum(xs) / len(xs)
 
     pcfg = with_overrides(cfg, evolution_overrides(cfg) + [f"seed={seed}"])
     hp = search_space(pcfg)
