@@ -313,6 +313,22 @@ def starting_rates(record: Population) -> dict[str, float]:
     return {k: float(v) for k, v in founder.hyperparameters.items() if k in LEARNING_RATES}
 
 
+def starved(record: Population, index: int, patience: int, narrowing) -> bool:
+    """Whether at least ``narrowing.no_signal`` of member ``index``'s steps since its evaluation ``patience``
+    evaluations ago had no learning signal (every advantage zero): its plateau is a want of signal, which a
+    lower rate cannot mend (the stall swap's case, :func:`revive_stalled`), not a rate too coarse to settle.
+
+    >>> from types import SimpleNamespace as NS
+    >>> record = NS(rows=[{"member": 1, "step": s, "fitness": 0.2} for s in (10, 20, 30)],
+    ...             metric_rows=[{"member": 1, "step": s, "learn_path": "no_gradient" if s % 3 else "full"}
+    ...                          for s in range(11, 31)])
+    >>> starved(record, 1, 2, NS(no_signal=0.5)), starved(record, 1, 2, NS(no_signal=0.7))
+    (True, False)
+    """
+    _, no_signal = stall_inputs(record, index, patience)
+    return bool(no_signal) and sum(no_signal) >= narrowing.no_signal * len(no_signal)
+
+
 def anneal_plateaued(agents: list, narrowing, tournament, record: Population, step: int, max_steps: int,
                      max_time: float | None, log: Callable[[str], None] | None = None) -> list:
     """After an evaluation: when the schedule is finished and the members train alone, a member whose held-out
@@ -320,7 +336,8 @@ def anneal_plateaued(agents: list, narrowing, tournament, record: Population, st
     evaluations: ``patience``, or more where they span less than ``narrowing.anneal_share`` of the budget) since the
     population last changed (its cut, a swap, a
     roll-back or an earlier anneal: :func:`fitness_since_change`), above the level the run started from
-    (:func:`starting_fitness`), trains on with its learning rates times
+    (:func:`starting_fitness`), and that is not starved of signal (:func:`starved`), trains on with its learning
+    rates times
     ``narrowing.anneal_lr`` (:func:`scaled_learning_rates`: not below their search range; with
     ``narrowing.anneal_floor == "start"`` not below the rates the run started from, :func:`starting_rates`), at most
     ``narrowing.max_anneals`` times per run. Recorded as a ``revival`` row with ``reason == "anneal"`` (the
@@ -339,7 +356,7 @@ def anneal_plateaued(agents: list, narrowing, tournament, record: Population, st
         fraction = budget_fraction(step, max_steps, narrowing.elapsed_s, max_time)
         patience = plateau_patience(narrowing.patience, len(fitness), fraction - changed_at(record),
                                     narrowing.anneal_share)
-        if not plateaued(fitness, patience, start=start):
+        if not plateaued(fitness, patience, start=start) or starved(record, int(agent.index), patience, narrowing):
             continue
         changed = scaled_learning_rates(agent, narrowing.anneal_lr, floor=floor)
         if not changed:  # at the lower end of its range (or at its floor) already

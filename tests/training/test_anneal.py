@@ -54,7 +54,8 @@ PHASE = {"scale": 1.0}
 
 
 def _reward(completion, answer, question=""):
-    return PHASE["scale"] * (1.0 + float(len(completion) % 3))
+    # the phase's scale, and a small term that keeps a learning signal in the phases scaled to 0
+    return PHASE["scale"] * (1.0 + float(len(completion) % 3)) + 0.1 * float(len(completion) % 2)
 
 
 class _Phases(Callback):
@@ -69,16 +70,21 @@ class _Phases(Callback):
         PHASE["scale"] = self.scales[min(state.step, len(self.scales) - 1)]
 
 
-#: scores by evaluation: 0.5 at step 1, 1.0 at step 2, 0 at steps 3-4, 1.0 at step 5, 0 after
+#: the reward's scale by evaluation: 0.5 at step 1, 1.0 at step 2, 0 at steps 3-4, 1.0 at step 5, 0 after (in the
+#: phases at 0 the scores fall to the small term of :func:`_reward`, whose steps still carry a learning signal)
 RISE_AND_FALL = (0.5, 1.0, 0.0, 0.0, 1.0, 0.0)
 
 
+def _flat_reward(completion, answer, question=""):
+    return PHASE["scale"]  # the same for every completion of a step: no advantage, no learning signal
+
+
 def _run(ckpt=None, resume=False, callbacks=(), anneal=True, max_anneals=2, verbose=False, scales=RISE_AND_FALL,
-         anneal_share=0.1, anneal_floor="range", default_founder=None):
+         anneal_share=0.1, anneal_floor="range", default_founder=None, reward=_reward):
     PHASE["scale"] = scales[-1] if resume else scales[0]  # a resumed run starts after step 5
     narrowing = Narrowing(at=(0.1,), keep=0.5, min_size=1, revive=False, rollback=False, patience=2, anneal=anneal,
                           max_anneals=max_anneals, anneal_share=anneal_share, anneal_floor=anneal_floor)
-    return lone_member_run(narrowing, _reward, ckpt, resume, [_Phases(scales), *callbacks], verbose=verbose,
+    return lone_member_run(narrowing, reward, ckpt, resume, [_Phases(scales), *callbacks], verbose=verbose,
                            default_founder=default_founder)
 
 
@@ -115,6 +121,15 @@ def test_a_plateau_must_last_a_share_of_the_budget():
     rows = record.selections().query("kind == 'revival'")
     assert list(rows["reason"]) == ["anneal"] and list(rows["step"]) == [6]
     assert agents[0].get_hyperparameter("lr") == pytest.approx(5e-4)
+
+
+def test_a_plateau_without_learning_signal_is_not_annealed():
+    """The same scores as the first run's (so the same plateaus at steps 4 and 7), but every completion of a step
+    earns the same reward: no step has a learning signal, the plateau is a want of signal that a lower rate cannot
+    mend (the stall swap's case), and the survivor keeps its rate."""
+    agents, record = _run(reward=_flat_reward)
+    assert set(record.metrics()["learn_path"]) == {"no_gradient"}
+    assert "revival" not in set(record.selections()["kind"]) and agents[0].get_hyperparameter("lr") == 1e-3
 
 
 def test_a_member_that_has_not_risen_above_the_start_is_not_annealed():
