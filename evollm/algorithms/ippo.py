@@ -63,8 +63,8 @@ class IPPOConfig:
     num_turns: int = documented(1, "Rounds per episode; from round 2 on each agent sees the others' previous replies.")
     actor_learning_rate: float = documented(1e-4, "AdamW learning rate of each actor adapter.")
     critic_learning_rate: float | None = documented(None, "Learning rate of each critic adapter + value head (None: "
-                                                    "the actor's, at all times: an evolved actor_learning_rate "
-                                                    "moves it too).")
+                                                    "the actor's starting rate, kept when actor_learning_rate "
+                                                    "evolves).")
     weight_decay: float = documented(0.0, "AdamW weight decay.")
     adam_beta1: float = documented(0.9, "AdamW beta1.")
     adam_beta2: float = documented(0.999, "AdamW beta2.")
@@ -169,7 +169,7 @@ class IPPOAgent(LLMPPO):
         if c.use_separate_critic:
             critic = self.shared.parameters(self.adapter_name("critic")) + critic
         return [{"name": "actor", "params": self.shared.parameters(self.adapter_name("actor")), "lr": c.lr_actor},
-                {"name": "critic", "params": critic, "lr": c.critic_lr}]
+                {"name": "critic", "params": critic, "lr": c.lr_critic}]
 
     def _build_optimizer(self) -> torch.optim.Optimizer:
         c = self.config

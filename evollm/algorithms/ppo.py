@@ -3,9 +3,8 @@
 A member owns two adapters on the shared base, ``actor`` and ``critic``, plus a value head
 (``Linear(hidden, 1)``) on the critic's last hidden state, and ONE optimizer with two
 named param groups: ``"actor"`` (lr ``lr_actor``) and ``"critic"`` (lr ``lr_critic``:
-critic adapter + value head).  ``lr`` is an alias of ``lr_actor``; ``lr_critic=None`` is the actor's
-rate at all times (an evolved, annealed or rolled-back ``lr_actor`` moves the critic's rate with it).
-The reference policy for the KL penalty is the base with every adapter disabled.
+critic adapter + value head).  ``lr`` is an alias of ``lr_actor``.  The reference policy
+for the KL penalty is the base with every adapter disabled.
 
 Read top to bottom in :meth:`LLMPPO.learn`:
 
@@ -52,16 +51,16 @@ TURN_VALUE_REDUCTIONS = ("first", "last", "mean")
 class LLMPPOConfig(AgentConfig):
     """PPO hyperparameters (see :class:`AgentConfig` for the shared ones).
 
-    ``lr_actor`` defaults to ``lr``, and after construction ``lr`` and ``lr_actor`` are kept equal (setting
-    either sets both). ``lr_critic=None`` follows ``lr_actor`` for the whole run (:attr:`critic_lr`)."""
+    ``lr_actor`` defaults to ``lr`` and ``lr_critic`` to ``lr_actor``'s starting value; after construction ``lr``
+    and ``lr_actor`` are kept equal (setting either sets both), and ``lr_critic`` changes only when set itself."""
 
     lr: float = 1e-4
     lr_actor: float | None = documented(None, "AdamW learning rate of the actor adapter; None: lr (afterwards lr "
                                         "and lr_actor are kept equal: setting either sets both).")
     lr_critic: float | None = documented(None, "Learning rate of the critic adapter and the value head; None: "
-                                         "lr_actor's, at all times (when evolution, an anneal or a roll-back "
-                                         "changes lr_actor, the critic's rate changes with it); a number: the "
-                                         "critic's own rate, which only a change of lr_critic moves.")
+                                         "lr_actor's value at construction, which the critic keeps when evolution, "
+                                         "an anneal or a roll-back changes lr_actor (name lr_critic in "
+                                         "hpo.hp_config to evolve it).")
     value_clip: float | None = documented(
         0.2, "Clip of the value loss around the old values (|V - V_old| <= value_clip); None: unclipped. Its own "
         "setting: the policy clip (clip_coef / clip_low / clip_high) never moves it.")
@@ -83,6 +82,7 @@ class LLMPPOConfig(AgentConfig):
         super().validate()
         self.lr_actor = self.lr if self.lr_actor is None else self.lr_actor
         self.lr = self.lr_actor
+        self.lr_critic = self.lr_actor if self.lr_critic is None else self.lr_critic
         if self.action_granularity not in GRANULARITIES:
             raise ValueError(f"action_granularity={self.action_granularity!r}; choose one of {list(GRANULARITIES)}")
         if self.turn_value_reduce not in TURN_VALUE_REDUCTIONS:
@@ -95,11 +95,6 @@ class LLMPPOConfig(AgentConfig):
             raise ValueError(f"gamma and gae_lambda must be in [0, 1], got {self.gamma}, {self.gae_lambda}")
         if self.value_clip is not None and not (isinstance(self.value_clip, (int, float)) and self.value_clip >= 0):
             raise ValueError(f"value_clip must be >= 0 or None (unclipped), got {self.value_clip!r}")
-
-    @property
-    def critic_lr(self) -> float:
-        """The critic's learning rate: ``lr_critic``, or the actor's while ``lr_critic`` is None."""
-        return self.lr_actor if self.lr_critic is None else self.lr_critic
 
 
 class LLMPPO(EpisodeAgent):
@@ -130,24 +125,18 @@ class LLMPPO(EpisodeAgent):
         return [
             {"name": "actor", "params": self.shared.parameters(self.adapter_name("actor")), "lr": c.lr_actor},
             {"name": "critic", "params": self.shared.parameters(self.adapter_name("critic"))
-             + list(self.value_head.parameters()), "lr": c.critic_lr},
+             + list(self.value_head.parameters()), "lr": c.lr_critic},
         ]
 
     def _group_params(self, name: str) -> list[torch.nn.Parameter]:
         return next(g["params"] for g in self.optimizer.param_groups if g.get("name") == name)
 
-    def get_hyperparameter(self, name: str):
-        """As :meth:`LLMAgent.get_hyperparameter`; ``lr_critic`` is the rate in use (the actor's while the
-        config's ``lr_critic`` is None)."""
-        value = super().get_hyperparameter(name)
-        return self.config.critic_lr if name == "lr_critic" else value
-
     def _apply_hyperparameter(self, name: str, value) -> None:
         if name in ("lr", "lr_actor"):
             self.config.lr = self.config.lr_actor = value
             self._set_group_lr("actor", value)
-        if name in ("lr", "lr_actor", "lr_critic"):
-            self._set_group_lr("critic", self.config.critic_lr)
+        elif name == "lr_critic":
+            self._set_group_lr("critic", value)
 
     # ------------------------------------------------------------------ critic
     def critic_values(self, ids: torch.Tensor, attn: torch.Tensor, first: int = 0) -> torch.Tensor:

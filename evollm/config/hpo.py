@@ -249,8 +249,8 @@ class HPOSection(Section):
     hp_config: dict[str, ParamSection] = option({}, "Evolvable hyperparameters by name (any of the algorithm's "
                                                 "mutable hyperparameters, or lora_rank); a name with no min/max "
                                                 "({}) takes its default range. Not given and population_size > 1: "
-                                                "the policy's learning rate (PPO: lr_actor; an unset lr_critic "
-                                                "follows it), log-uniform 1e-5..1e-3 (LoRA's range; "
+                                                "the policy's learning rate (PPO: lr_actor; the critic keeps its "
+                                                "default), log-uniform 1e-5..1e-3 (LoRA's range; "
                                                 "evollm.hpo.defaults), unless set in algorithm.hyperparameters.")
     mutation: MutationSection = option(default_factory=MutationSection, help="Mutation settings.",
                                        when={"train.evo_steps": _evolving})

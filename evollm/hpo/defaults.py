@@ -13,17 +13,16 @@ SmolLM2, which then kept its default rate on every seed (benchmarks/README.md, "
 
 :data:`DEFAULT_RANGES` gives a sensible range to every hyperparameter a user may evolve by name only
 (``hpo.hp_config: {beta: {}}`` in YAML); :data:`DEFAULT_EVOLVED` lists the ones evolved when no
-``hp_config`` is given at all: only the policy's learning rate (an actor-critic's critic is not a dimension
-of its own: left unset, ``lr_critic`` is the actor's rate at all times and moves with it). Why only that:
+``hp_config`` is given at all: only the policy's learning rate (an actor-critic's critic keeps its
+default rate). Why only that:
 
 * the learning rate is the setting whose best value moves most between models and tasks (decades);
 * the critic's rate is invisible to the first rungs, which rank members on how the policy plays, and
   a bad one shows only later: on the HPO benchmark's game (LLMPPO, 10 seeds) evolving ``lr_actor`` alone
   ended at 0.660, evolving ``lr_actor`` and ``lr_critic`` at 0.664 and 0.560 in two runs, the lowest
   lineages of those at lr_critic 8.7e-4 (0.062, 0.469) and 1.9e-5 (0.352), none below 0.477 with the
-  critic at its default; a critic that follows the actor's evolved rate (``lr_critic`` unset, as a user who
-  sets one learning rate means it) was level with one held at its default on the three actor-critic tasks
-  (the relay -0.001 +- 0.004, the game +0.008 +- 0.021, chain_calc -0.001 +- 0.015);
+  critic at its default; a critic that followed the actor's evolved rate was level without the anneal (the
+  relay, the game, chain_calc) and cost the game 0.038 +- 0.025 with it, which then halved the critic's rate too;
 * ``beta > 0`` adds a reference forward to every step (about a third more compute), and the current
   default of the GRPO family is ``beta = 0`` (DAPO, Dr. GRPO, TRL);
 * the clip range only binds on the second and later minibatches of a step, and a small population
@@ -61,7 +60,7 @@ DEFAULT_RANGES: dict[str, dict] = {
 LEARNING_RATES: tuple[str, ...] = tuple(n for n, r in DEFAULT_RANGES.items() if r is LORA_LR)
 
 #: What a population evolves when no hp_config is given: the policy's learning rate (PPO: the actor's;
-#: ``lr`` is then an alias of ``lr_actor`` and left out; an unset ``lr_critic`` follows it).
+#: ``lr`` is then an alias of ``lr_actor`` and left out; the critic keeps its default rate).
 DEFAULT_EVOLVED: tuple[str, ...] = ("lr_actor", "actor_learning_rate", "lr")
 
 

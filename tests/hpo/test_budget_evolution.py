@@ -193,7 +193,7 @@ def test_default_search_space_is_the_lora_learning_rate():
     hp = default_hp_config(GRPO.MUTABLE)
     assert hp.names() == ("lr",)
     assert (hp["lr"].min, hp["lr"].max, hp["lr"].log) == (1e-5, 1e-3, True)
-    assert default_hp_config(LLMPPO.MUTABLE).names() == ("lr_actor",)  # an unset lr_critic follows it
+    assert default_hp_config(LLMPPO.MUTABLE).names() == ("lr_actor",)  # the critic keeps its default rate
     assert default_hp_config(LLMPPO.MUTABLE, fixed={"lr"}) is None  # lr is lr_actor: nothing left to search
     from evollm.algorithms.ippo import AGENT_MUTABLE
     assert default_hp_config(AGENT_MUTABLE).names() == ("actor_learning_rate",)  # IPPO teams: the same rule
