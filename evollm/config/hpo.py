@@ -170,14 +170,15 @@ class NarrowingSection(Section):
                             "lower of its and the fallen member's learning rates, at most `max_rollbacks` times; the best state is kept as with "
                             "train.keep_best. Why: the first cuts favour the rate whose play improves fastest, often one "
                             "that then falls back alone (benchmarks/README.md, HPO section).")
-    anneal: bool = option(False, "When the member training alone has `patience` evaluations without a new best since "
+    anneal: bool = option(True, "When the member training alone has `patience` evaluations without a new best since "
                           "it was last chosen or changed, its learning rates are multiplied by `anneal_lr` (not below "
-                          "`anneal_floor`; only once its best is above the run's first evaluation), at most `max_anneals` "
-                          "times: a learning rate reduced on a plateau, for the fast-rising rates the first cuts keep. "
-                          "Measured with `anneal_floor: start` against the library without it: the relay +0.011, "
-                          "REINFORCE +0.017, chain_calc +0.019, the game +0.004, tiny GRPO -0.002, but SmolLM2, whose "
-                          "starting rate is ten times too low, lost 0.133 +- 0.080 on four seeds; so an option, off by "
-                          "default (benchmarks/README.md, HPO section).")
+                          "`anneal_floor`; only once its best is above the run's first evaluation, and not while at "
+                          "least `no_signal` of its steps since had no learning signal: the stall swap's case), at most "
+                          "`max_anneals` times: a learning rate reduced on a plateau, for the fast-rising rates the "
+                          "first cuts keep. Measured against the library without it: the relay +0.011 (then level "
+                          "with a single run), chain_calc +0.019, REINFORCE +0.015, tiny GRPO +0.011, the game +0.004; "
+                          "on SmolLM2 it no longer fires where it cost 0.25-0.29 before the signal rule "
+                          "(benchmarks/README.md, HPO section).")
     anneal_lr: float = option(0.5, "Factor on the learning rates at an anneal.")
     max_anneals: int = option(2, "Anneals per run at most.")
     anneal_share: float = option(0.1, "The share of the budget a plateau must last before an anneal, counted in "

@@ -122,16 +122,19 @@ class Narrowing:
         anneal: when a member training alone (the schedule finished, selection stopped) has :func:`~evollm.hpo.lone.plateaued`
             (``patience`` evaluations without a new best since it was last chosen or changed), multiply its learning
             rates by ``anneal_lr`` in place (not below ``anneal_floor``; only once its best is above the run's
-            first evaluation, the median over the members), at most ``max_anneals`` times per
-            run: PBT's explore step downwards, on the one member left, as a learning-rate schedule reduces on a
-            plateau. Default ``False``; set it with ``anneal_floor="start"`` (the floor's default). Why: the first
+            first evaluation, the median over the members, and not while at least ``no_signal`` of its steps since
+            had no learning signal: that plateau is the stall swap's, a want of signal, not a rate too coarse), at
+            most ``max_anneals`` times per run: PBT's explore step downwards, on the one member left, as a
+            learning-rate schedule reduces on a plateau. Default ``True`` (since 2026-11-29, night). Why: the first
             cuts keep the member whose score rises fastest, often a rate above the starting one that then sits on a
             plateau below what a lower rate reaches (the relay's lone members at 3.3e-4 to 9.7e-4: 0.936, the
             default run's 1e-4: 0.949). Measured side by side against the library without it (benchmarks/README.md,
-            2026-11-29): the relay +0.011 +- 0.003 (20 seeds; level with the default run after it), REINFORCE
-            +0.017 +- 0.009, chain_calc +0.019 +- 0.010, the game +0.004 +- 0.010, tiny GRPO -0.002 +- 0.011. Why
-            it is off: on SmolLM2, whose starting rate (5e-5) is ten times below its best, it pulls the stall swap's
-            reserve toward that rate (-0.133 +- 0.080 on four seeds). Without the floor (``range``) it
+            2026-11-29): the relay +0.011 +- 0.003 (20 seeds; level with the default run after it), chain_calc
+            +0.019 +- 0.010, the game +0.004 +- 0.010, and with the signal rule REINFORCE +0.015 +- 0.006 and tiny
+            GRPO +0.011 +- 0.009. Before the signal rule it was off by default: on SmolLM2, whose starting rate
+            (5e-5) is ten times below its best, it halved the stall swap's reserve on plateaus where most steps had
+            no signal, toward that rate (two seeds fell by 0.25 and 0.29); with the rule neither seed anneals.
+            Without the floor (``range``) it
             cost the game 0.044 +- 0.029 in runs of 400-700 steps: the game's greedy score is flat for tens of
             steps between jumps, and the anneal halved rates still to jump, the default founder's 1e-4 among them.
         anneal_floor: how low an anneal takes a rate: ``"start"`` (default) not below the rate the run started
@@ -216,7 +219,7 @@ class Narrowing:
                  patience: int = STALL_PATIENCE, no_signal: float = STALL_NO_SIGNAL, rollback: bool = True,
                  decline: float = DECLINE, rollback_lr: float = ROLLBACK_LR, max_rollbacks: int = MAX_ROLLBACKS,
                  decline_se: float = DECLINE_SE, on_tie: str = "cut", tiebreak: str = "default_first",
-                 tie_se: float = 0.0, anneal: bool = False, anneal_lr: float = ANNEAL_LR,
+                 tie_se: float = 0.0, anneal: bool = True, anneal_lr: float = ANNEAL_LR,
                  max_anneals: int = MAX_ANNEALS, anneal_share: float = ANNEAL_SHARE, wait_se: float = 0.0,
                  wait_until: Optional[float] = None, revive_rate: str = "between", pair_cut: bool = False,
                  anneal_floor: str = "start") -> None:

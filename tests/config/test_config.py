@@ -316,8 +316,8 @@ def test_default_narrowing_applies_to_evolving_populations_only():
     assert build_narrowing(load({**EVO, **eight}, ["hpo.narrowing.tie_se=1"])).tie_se == 1.0
     assert not narrowing.pair_cut and build_narrowing(load({**EVO, **eight}, ["hpo.narrowing.pair_cut=true"])).pair_cut
     assert (narrowing.anneal, narrowing.anneal_lr, narrowing.max_anneals, narrowing.anneal_share,
-            narrowing.anneal_floor) == (False, 0.5, 2, 0.1, "start")
-    assert build_narrowing(load({**EVO, **eight}, ["hpo.narrowing.anneal=true"])).anneal
+            narrowing.anneal_floor) == (True, 0.5, 2, 0.1, "start")
+    assert not build_narrowing(load({**EVO, **eight}, ["hpo.narrowing.anneal=false"])).anneal
     assert build_narrowing(load({**EVO, **eight}, ["hpo.narrowing.anneal_floor=range"])).anneal_floor == "range"
     assert build_narrowing(load({**EVO, **eight}, ["hpo.narrowing.anneal_share=0"])).anneal_share == 0.0
     with pytest.raises(ConfigError, match=r"^hpo.narrowing: Narrowing.anneal_share must be a share of the budget in \[0, 1\), got 1.5$"):

@@ -35,8 +35,8 @@ def test_narrowing_rejects_bad_anneal_settings():
         with pytest.raises(ValueError, match=message):
             Narrowing(**kwargs)
     n = Narrowing()
-    # an option, off by default; when on, floored at the rate the run started from
-    assert (n.anneal, n.anneal_lr, n.max_anneals, n.anneal_share, n.anneal_floor) == (False, 0.5, 2, 0.1, "start")
+    # on by default since 2026-11-29 (night), floored at the rate the run started from
+    assert (n.anneal, n.anneal_lr, n.max_anneals, n.anneal_share, n.anneal_floor) == (True, 0.5, 2, 0.1, "start")
 
 
 def test_a_plateau_spans_a_share_of_the_budget_by_hand():
