@@ -168,7 +168,7 @@ def test_lr_critic_moves_only_the_critic_group():
 def test_an_unset_lr_critic_keeps_the_actors_starting_rate():
     """lr_critic=None takes lr_actor's value at construction and keeps it when lr_actor (or its alias lr) changes
     later (evolution, an anneal, a roll-back): a critic that followed the actor's rate was measured and cost the
-    game (benchmarks/README.md, "A critic that follows the actor's rate"). A clone and a checkpoint keep it."""
+    game (benchmarks/README.md, "A critic that follows the actor's rate"). A clone keeps it."""
     a, b, _, moved = learn_pair("lr_actor", 1e-2, lr_actor=1e-3)  # lr_critic unset: 1e-3 from construction
     assert a.config.lr_critic == 1e-3 and lrs(a) == {"actor": 1e-3, "critic": 1e-3}
     assert lrs(b) == {"actor": 1e-2, "critic": 1e-3}
