@@ -151,6 +151,16 @@ def plateau_patience(patience: int, evaluations: int, spent: float, share: float
     return max(int(patience), int(math.ceil(float(share) * int(evaluations) / min(float(spent), 1.0) - 1e-9)))
 
 
+def lacks_signal(no_signal: Sequence[bool], share: float = STALL_NO_SIGNAL) -> bool:
+    """Whether at least ``share`` of a member's steps (``no_signal``: one flag per step, True when the step had no
+    learning signal) carried none; False without steps.
+
+    >>> lacks_signal([True, True, False]), lacks_signal([True, False, False]), lacks_signal([])
+    (True, False, False)
+    """
+    return bool(no_signal) and sum(bool(x) for x in no_signal) >= share * len(no_signal)
+
+
 def stalled(fitness: Sequence[float], no_signal: Sequence[bool], patience: int = STALL_PATIENCE,
             share: float = STALL_NO_SIGNAL) -> bool:
     """Whether a member has stopped learning: none of its last ``patience`` evaluations (``fitness``, oldest
@@ -169,6 +179,4 @@ def stalled(fitness: Sequence[float], no_signal: Sequence[bool], patience: int =
     >>> stalled([0.22, 0.22, 0.22], [True] * 10)  # not yet patience + 1 evaluations
     False
     """
-    if not no_signal or not plateaued(fitness, patience):
-        return False
-    return sum(bool(x) for x in no_signal) >= share * len(no_signal)
+    return plateaued(fitness, patience) and lacks_signal(no_signal, share)

@@ -19,7 +19,7 @@ import statistics
 from typing import Callable, Sequence
 
 from evollm.hpo.defaults import DEFAULT_EVOLVED, LEARNING_RATES
-from evollm.hpo.lone import declined, plateau_patience, plateaued, rate_between, stalled
+from evollm.hpo.lone import declined, lacks_signal, plateau_patience, plateaued, rate_between, stalled
 from evollm.hpo.narrowing import budget_fraction
 from evollm.run.population import Population, describe_rates
 from .quarantine import healthy
@@ -325,8 +325,7 @@ def starved(record: Population, index: int, patience: int, narrowing) -> bool:
     >>> starved(record, 1, 2, NS(no_signal=0.5)), starved(record, 1, 2, NS(no_signal=0.7))
     (True, False)
     """
-    _, no_signal = stall_inputs(record, index, patience)
-    return bool(no_signal) and sum(no_signal) >= narrowing.no_signal * len(no_signal)
+    return lacks_signal(stall_inputs(record, index, patience)[1], narrowing.no_signal)
 
 
 def anneal_plateaued(agents: list, narrowing, tournament, record: Population, step: int, max_steps: int,
