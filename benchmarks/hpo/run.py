@@ -190,25 +190,29 @@ def arms_of(args, cfg) -> list[str]:
 
 
 def deal(jobs: list[tuple[str, int]], workers: int, done=lambda job: False) -> list[list[tuple[str, int]]]:
-    """The unfinished ``(arm, seed)`` jobs in ``workers`` shares, each arm on every worker in turn.
+    """The unfinished ``(arm, seed)`` jobs in ``workers`` shares, each arm on every worker in turn, and no
+    worker idle while another holds two jobs (as many workers as jobs: one job each).
 
     >>> deal([("a", 0), ("b", 0), ("a", 1), ("b", 1), ("a", 2), ("b", 2)], 2)
     [[('a', 0), ('b', 1), ('a', 2)], [('b', 0), ('a', 1), ('b', 2)]]
+    >>> [len(share) for share in deal([(a, s) for s in range(3) for a in "ab"], 6)]
+    [1, 1, 1, 1, 1, 1]
     """
     arms = list(dict.fromkeys(arm for arm, _ in jobs))
     seeds = list(dict.fromkeys(seed for _, seed in jobs))
     shares = [[] for _ in range(workers)]
     for arm, seed in jobs:
-        if not done((arm, seed)):
-            shares[(arms.index(arm) + seeds.index(seed)) % workers].append((arm, seed))
+        if not done((arm, seed)):  # seed by seed, the arms' order turned by one each seed
+            s = seeds.index(seed)
+            shares[(s * len(arms) + (arms.index(arm) + s) % len(arms)) % workers].append((arm, seed))
     return shares
 
 
 def run_jobs(args, jobs: list[tuple[str, int]], path_of: dict, parts: Path) -> None:
     """``args.jobs`` worker processes, each running its share of the unfinished jobs in turn (a SIGTERM to
-    the driver stops them too). The shares alternate arms from seed to seed (job ``(arm a, seed s)`` goes to
-    worker ``(a + s) % jobs``): each arm runs on every worker, so a core slower than the other (a shared
-    machine's neighbour) slows every arm alike instead of one."""
+    the driver stops them too). The shares alternate arms from seed to seed (``deal``): each arm runs on
+    every worker, so a core slower than the other (a shared machine's neighbour) slows every arm alike
+    instead of one."""
     import signal
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1",
