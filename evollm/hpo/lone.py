@@ -161,6 +161,24 @@ def lacks_signal(no_signal: Sequence[bool], share: float = STALL_NO_SIGNAL) -> b
     return bool(no_signal) and sum(bool(x) for x in no_signal) >= share * len(no_signal)
 
 
+def failing_alike(no_signal: Sequence[bool], rewards: Sequence[float], top: float, bottom: float) -> list[bool]:
+    """Which steps of ``no_signal`` (one flag per step, True when the step had no learning signal) lacked it because
+    the samples failed alike, not because they all succeeded: a step without signal whose mean reward (``rewards``)
+    is the best any step of the run reached (``top``) had every sample at that reward, and is solved, not stuck.
+    Where every step of the run had the same mean reward (``top == bottom``) nothing tells the two apart, and every
+    step without signal counts; so does one whose reward is unknown (NaN).
+
+    >>> failing_alike([True, True, True, False], [1.0, 0.0, 0.5, 1.0], top=1.0, bottom=0.0)
+    [False, True, True, False]
+    >>> failing_alike([True, True], [0.0, 0.0], top=0.0, bottom=0.0)  # nothing better ever seen
+    [True, True]
+    >>> failing_alike([True], [float("nan")], top=1.0, bottom=0.0)
+    [True]
+    """
+    solved = [top > bottom and math.isfinite(r) and r >= top for r in rewards]
+    return [bool(n) and not s for n, s in zip(no_signal, solved)]
+
+
 def stalled(fitness: Sequence[float], no_signal: Sequence[bool], patience: int = STALL_PATIENCE,
             share: float = STALL_NO_SIGNAL) -> bool:
     """Whether a member has stopped learning: none of its last ``patience`` evaluations (``fitness``, oldest

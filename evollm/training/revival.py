@@ -4,7 +4,8 @@ At a cut after which the members left will train alone (fewer than the selection
 selection), :func:`park_runner_up` keeps the best released member on the shared base as the reserve
 (:class:`~evollm.run.reserve.Reserve`). After each evaluation, :func:`revive_stalled` swaps a member that
 has stalled (:func:`~evollm.hpo.lone.stalled`: ``patience`` evaluations without a new best, at least
-``no_signal`` of its steps since without a learning signal) for the reserve, once per run. After a step
+``no_signal`` of its steps since without a learning signal, not counting steps whose samples all got the run's
+best reward: :func:`~evollm.hpo.lone.failing_alike`) for the reserve, once per run. After a step
 that quarantined every live member, :func:`rescue_quarantined` brings the parked member back (the
 runner-up, or the member a stall swap parked) so the run trains on instead of stopping. After each
 evaluation, :func:`roll_back_declined` puts a copy of the run's best state, at a lower learning rate, in the
@@ -19,7 +20,7 @@ import statistics
 from typing import Callable, Sequence
 
 from evollm.hpo.defaults import DEFAULT_EVOLVED, LEARNING_RATES
-from evollm.hpo.lone import declined, lacks_signal, plateau_patience, plateaued, rate_between, stalled
+from evollm.hpo.lone import declined, failing_alike, lacks_signal, plateau_patience, plateaued, rate_between, stalled
 from evollm.hpo.narrowing import budget_fraction
 from evollm.run.population import Population, describe_rates
 from .quarantine import healthy
@@ -67,15 +68,20 @@ def evaluation_stderr(record: Population, index: int | None, step: int | None) -
     return math.nan
 
 
-def stall_inputs(record: Population, index: int, patience: int) -> tuple[list[float], list[bool]]:
+def stall_inputs(record: Population, index: int, patience: int, solved: bool = True) -> tuple[list[float], list[bool]]:
     """Member ``index``'s held-out fitness history and, for its steps after its evaluation ``patience``
-    evaluations ago, whether each had no learning signal (from the run's record)."""
+    evaluations ago, whether each had no learning signal (from the run's record). With ``solved=False`` a step
+    whose every sample got the run's best reward does not count (:func:`~evollm.hpo.lone.failing_alike`)."""
     evaluations = member_evaluations(record, index)
     if len(evaluations) <= patience:
         return [f for _, f in evaluations], []
     since = evaluations[-patience - 1][0]
-    flags = [r.get("learn_path") == NO_SIGNAL for r in record.metric_rows
-             if int(r["member"]) == index and int(r["step"]) > since]
+    rows = [r for r in record.metric_rows if int(r["member"]) == index and int(r["step"]) > since]
+    flags = [r.get("learn_path") == NO_SIGNAL for r in rows]
+    if not solved:
+        seen = [x for x in (float(r.get("mean_reward", math.nan)) for r in record.metric_rows) if math.isfinite(x)]
+        if seen:
+            flags = failing_alike(flags, [float(r.get("mean_reward", math.nan)) for r in rows], max(seen), min(seen))
     return [f for _, f in evaluations], flags
 
 
@@ -90,7 +96,7 @@ def revive_stalled(agents: list, narrowing, tournament, record: Population, step
     for agent in agents:
         if getattr(agent, "quarantined", False):
             continue
-        fitness, no_signal = stall_inputs(record, int(agent.index), narrowing.patience)
+        fitness, no_signal = stall_inputs(record, int(agent.index), narrowing.patience, solved=False)
         if stalled(fitness, no_signal, narrowing.patience, narrowing.no_signal):
             return _swap(agents, agent, reserve, record, step, max_steps, max_time, narrowing, no_signal, log)
     return agents

@@ -108,6 +108,39 @@ def test_a_stalled_member_gives_its_place_to_the_reserve_once(capsys):
     assert f"revived member {runner_up}" in line and "100% of its steps without a learning signal" in line
 
 
+def test_a_member_whose_samples_all_succeed_is_not_stalled():
+    """The scene of the test above, but the reward is 0 for the first samples and 1 from then on: after the cut
+    every group's samples all score 1, the best reward of the run, so no step has a learning signal and the
+    fitness is flat, as above, yet the member is solving its prompts, not stuck on them: no stall swap."""
+    calls = iter(range(10**6))
+
+    def _late_success(completion, answer, question=""):
+        return 0.0 if next(calls) < 8 else 1.0
+
+    agents, record = _run(reward=_late_success)
+    metrics = record.metrics()
+    late = metrics.query("step > 1")
+    assert (late["learn_path"] == "no_gradient").all() and (late["mean_reward"] == 1.0).all()
+    assert metrics["mean_reward"].min() < 1.0  # a lower reward was seen: 1.0 is the run's best
+    assert "revival" not in set(record.selections()["kind"])
+    assert len(agents) == 1 and record.reserve.member is not None and not record.reserve.swapped
+
+
+def test_stall_inputs_leave_out_solved_steps_only_for_the_swap():
+    """``stall_inputs``: every step without signal counts (the anneal's ``starved``); with ``solved=False`` (the
+    stall swap) the ones whose mean reward is the run's best do not."""
+    from types import SimpleNamespace as NS
+
+    from evollm.training.revival import stall_inputs
+
+    rewards = {11: 0.2, 12: 1.0, 13: 1.0, 14: 0.0, 15: 1.0, 16: 0.5}
+    record = NS(rows=[{"member": 1, "step": s, "fitness": 0.4} for s in (10, 13, 16)],
+                metric_rows=[{"member": 1, "step": s, "mean_reward": r, "learn_path": "full" if s == 16 else "no_gradient"}
+                             for s, r in rewards.items()])
+    assert stall_inputs(record, 1, 2)[1] == [True, True, True, True, True, False]
+    assert stall_inputs(record, 1, 2, solved=False)[1] == [True, False, False, True, False, False]
+
+
 @pytest.mark.parametrize("revive_rate", ["own", "between"])
 def test_the_reserve_trains_at_its_own_rate_or_between_the_two(revive_rate, capsys):
     """Members at lr 1e-3 and 1e-5: with ``revive_rate="between"`` the reserve trains on at their log-midpoint,
