@@ -162,7 +162,9 @@ class NarrowingSection(Section):
                            "signal counts as stalled (with `revive`).")
     no_signal: float = option(0.5, "Share of the member's steps over those `patience` evaluations that had no learning "
                               "signal (learn_path no_gradient) for a stall (with `revive`); 1.0: only a member none "
-                              "of whose steps had one.")
+                              "of whose steps had one. For the stall a step whose samples all got the run's best reward "
+                              "does not count (the member solves those prompts); for the anneal's rule every step "
+                              "without signal counts.")
     rollback: bool = option(True, "When the member training alone falls away from the run's best evaluated state since the "
                             "last cut or stall swap (the mean of its last `patience` evaluations after it more than `decline` "
                             "below it), a copy of that state "

@@ -86,7 +86,8 @@ class Narrowing:
         revive: keep the best member each cut releases as a *reserve* (parked on the shared base: memory,
             no compute), and when a member training alone (the schedule finished, selection stopped) has
             :func:`~evollm.hpo.lone.stalled` (``patience`` evaluations without a new best, at least ``no_signal`` of its
-            steps without a learning signal), swap them: the stalled member is parked with its last fitness and the reserve
+            steps without a learning signal, not counting steps whose samples all got the run's best reward:
+            :func:`~evollm.hpo.lone.failing_alike`), swap them: the stalled member is parked with its last fitness and the reserve
             trains on in its place, once per run. At the end the run returns the better of the two by
             their last held-out fitness, so a swap never hands back less than the stalled member scored.
             Default ``True``. Why: a lone GRPO member can collapse onto samples that all score alike and
@@ -106,7 +107,8 @@ class Narrowing:
             0.034 instead of -0.033 +- 0.043. The swap never fires on the other benchmark tasks.
         patience: evaluations without a new best before a member without signal has stalled (default 3).
         no_signal: share of the member's steps over those evaluations that must have had no learning signal
-            (default 0.5).
+            (default 0.5); for the stall swap a step whose every sample got the run's best reward is solved, not
+            without signal.
         rollback: when a member training alone (the schedule finished, selection stopped) has
             :func:`~evollm.hpo.lone.declined` (the mean of its last ``patience`` evaluations since the run's best evaluated
             state more than ``decline`` below it; only a best state measured at or after the last cut or stall swap,
