@@ -68,9 +68,9 @@ def evaluation_stderr(record: Population, index: int | None, step: int | None) -
     return math.nan
 
 
-def stall_inputs(record: Population, index: int, patience: int, solved: bool = True) -> tuple[list[float], list[bool]]:
+def stall_inputs(record: Population, index: int, patience: int, count_solved: bool = True) -> tuple[list[float], list[bool]]:
     """Member ``index``'s held-out fitness history and, for its steps after its evaluation ``patience``
-    evaluations ago, whether each had no learning signal (from the run's record). With ``solved=False`` a step
+    evaluations ago, whether each had no learning signal (from the run's record). With ``count_solved=False`` a step
     whose every sample got the run's best reward does not count (:func:`~evollm.hpo.lone.failing_alike`)."""
     evaluations = member_evaluations(record, index)
     if len(evaluations) <= patience:
@@ -78,7 +78,7 @@ def stall_inputs(record: Population, index: int, patience: int, solved: bool = T
     since = evaluations[-patience - 1][0]
     rows = [r for r in record.metric_rows if int(r["member"]) == index and int(r["step"]) > since]
     flags = [r.get("learn_path") == NO_SIGNAL for r in rows]
-    if not solved:
+    if not count_solved:
         seen = [x for x in (float(r.get("mean_reward", math.nan)) for r in record.metric_rows) if math.isfinite(x)]
         if seen:
             flags = failing_alike(flags, [float(r.get("mean_reward", math.nan)) for r in rows], max(seen), min(seen))
@@ -96,7 +96,7 @@ def revive_stalled(agents: list, narrowing, tournament, record: Population, step
     for agent in agents:
         if getattr(agent, "quarantined", False):
             continue
-        fitness, no_signal = stall_inputs(record, int(agent.index), narrowing.patience, solved=False)
+        fitness, no_signal = stall_inputs(record, int(agent.index), narrowing.patience, count_solved=False)
         if stalled(fitness, no_signal, narrowing.patience, narrowing.no_signal):
             return _swap(agents, agent, reserve, record, step, max_steps, max_time, narrowing, no_signal, log)
     return agents

@@ -127,7 +127,7 @@ def test_a_member_whose_samples_all_succeed_is_not_stalled():
 
 
 def test_stall_inputs_leave_out_solved_steps_only_for_the_swap():
-    """``stall_inputs``: every step without signal counts (the anneal's ``starved``); with ``solved=False`` (the
+    """``stall_inputs``: every step without signal counts (the anneal's ``starved``); with ``count_solved=False`` (the
     stall swap) the ones whose mean reward is the run's best do not."""
     from types import SimpleNamespace as NS
 
@@ -138,7 +138,7 @@ def test_stall_inputs_leave_out_solved_steps_only_for_the_swap():
                 metric_rows=[{"member": 1, "step": s, "mean_reward": r, "learn_path": "full" if s == 16 else "no_gradient"}
                              for s, r in rewards.items()])
     assert stall_inputs(record, 1, 2)[1] == [True, True, True, True, True, False]
-    assert stall_inputs(record, 1, 2, solved=False)[1] == [True, False, False, True, False, False]
+    assert stall_inputs(record, 1, 2, count_solved=False)[1] == [True, False, False, True, False, False]
 
 
 @pytest.mark.parametrize("revive_rate", ["own", "between"])
