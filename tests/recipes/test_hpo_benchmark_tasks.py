@@ -7,6 +7,7 @@ import pytest
 from benchmarks.hpo.chat.word_facts_reward import score
 from evollm.config import RunConfig
 from evollm.tasks import resolve_reward
+from evollm.tasks.user import task_parts
 
 CONFIGS = sorted((Path(__file__).resolve().parents[2] / "benchmarks" / "hpo" / "configs").glob("*.yaml"))
 
@@ -14,7 +15,7 @@ CONFIGS = sorted((Path(__file__).resolve().parents[2] / "benchmarks" / "hpo" / "
 def test_the_benchmark_has_its_task_configs():
     names = {p.stem for p in CONFIGS}
     assert {"tiny_arithmetic", "guess_number_ppo", "smollm2_word_facts", "guess_number_reinforce",
-            "two_digit_gspo"} <= names
+            "two_digit_gspo", "chain_calc_reinforce", "smollm2_everyday_reinforce"} <= names
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.stem)
@@ -24,6 +25,19 @@ def test_every_task_config_is_a_valid_run_config(path):
     assert not cfg.hpo.given("hp_config")  # a task config sets no search space: each arm brings its own
     if cfg.task.name == "dataset":  # the user's reward file resolves to a callable
         assert callable(resolve_reward(cfg.task.reward))
+
+
+@pytest.mark.parametrize("path", [p for p in CONFIGS if RunConfig.from_yaml(p).task.name == "dataset"],
+                         ids=lambda p: p.stem)
+def test_every_chat_dataset_splits_and_its_answers_score_full_marks(path):
+    cfg = RunConfig.from_yaml(path)
+    root = Path(__file__).resolve().parents[2]
+    train, test, _, _ = task_parts("dataset", dataset=root / cfg.task.dataset, test_size=cfg.task.test_size,
+                                   reward=cfg.task.reward, system_prompt=cfg.task.system_prompt)
+    assert len(test) == cfg.task.test_size and len(train) >= 100
+    reward = resolve_reward(cfg.task.reward)
+    for row in list(train) + list(test):  # every stored answer is one the reward gives full marks to
+        assert reward(row["answer"], row["answer"], row["question"]) == 1.0, row
 
 
 @pytest.mark.parametrize("reply, answer, want", [

@@ -1,7 +1,7 @@
 """Reward of the word-facts chat task (``word_facts.jsonl``: past tenses, plurals, young animals, languages,
-the next number): 1 when the reply's first words are the answer, 0.5 when the answer is a word of the reply,
-0 otherwise. Case and punctuation are ignored, and so is a lead-in that ends in "is", "are" or "called"
-("The past tense of go is went", "A baby cat is called a kitten")."""
+the next number; ``everyday_facts.jsonl`` is scored the same way): 1 when the reply's first words are the answer,
+0.5 when the answer is a word of the reply, 0 otherwise. Case and punctuation are ignored, and so is a lead-in that
+ends in "is", "are" or "called" ("The past tense of go is went", "A baby cat is called a kitten")."""
 
 from __future__ import annotations
 
