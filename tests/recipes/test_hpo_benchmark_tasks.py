@@ -32,10 +32,9 @@ def test_every_task_config_is_a_valid_run_config(path):
 def test_every_chat_dataset_splits_and_its_answers_score_full_marks(path):
     cfg = RunConfig.from_yaml(path)
     root = Path(__file__).resolve().parents[2]
-    train, test, _, _ = task_parts("dataset", dataset=root / cfg.task.dataset, test_size=cfg.task.test_size,
-                                   reward=cfg.task.reward, system_prompt=cfg.task.system_prompt)
+    train, test, reward, _ = task_parts("dataset", dataset=root / cfg.task.dataset, test_size=cfg.task.test_size,
+                                        reward=cfg.task.reward, system_prompt=cfg.task.system_prompt)
     assert len(test) == cfg.task.test_size and len(train) >= 100
-    reward = resolve_reward(cfg.task.reward)
     for row in list(train) + list(test):  # every stored answer is one the reward gives full marks to
         assert reward(row["answer"], row["answer"], row["question"]) == 1.0, row
 
