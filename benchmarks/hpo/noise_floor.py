@@ -16,22 +16,10 @@ the same hyperparameters.
 from __future__ import annotations
 
 import argparse
-import json
 import math
-from pathlib import Path
 
-from benchmarks.hpo.paired import load as load_parts
+from benchmarks.hpo.paired import load
 from benchmarks.hpo.stats import mean_se
-
-
-def load(spec: str) -> tuple[str, dict[int, dict]]:
-    """``{seed: run}`` of one arm of a parts directory or a results JSON (``FILE.json[:ARM]``)."""
-    if ".json" not in spec:
-        return load_parts(spec)
-    source, _, arm = spec.partition(".json")
-    arm = arm.lstrip(":") or "evollm"
-    runs = json.loads(Path(source + ".json").read_text())["runs"]
-    return f"{source}.json:{arm}", {int(r["seed"]): r for r in runs if r["arm"] == arm}
 
 
 def lone_signature(run: dict) -> tuple | None:

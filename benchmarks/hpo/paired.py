@@ -3,6 +3,8 @@ setting changed (``--evo-set``) against evollm as it is, run side by side into t
 
     python -m benchmarks.hpo.paired A_DIR[:ARM] B_DIR[:ARM] [--checkpoints 4]
 
+(a results JSON of ``benchmarks.hpo.run`` works as a source too: ``FILE.json:ARM``)
+
 prints, over the seeds both hold, A − B at each report checkpoint (paired mean ± se, ahead / behind), A − B at
 each run's last checkpoint whatever its budget (A given half B's budget: does A reach B's final score in half
 its compute?), the steps each made, and the hyperparameters A returned. ARM defaults to evollm.
@@ -18,7 +20,13 @@ from benchmarks.hpo.stats import curve, fmt_diff, mean_se
 
 
 def load(spec: str) -> tuple[str, dict[int, dict]]:
-    """``{seed: run}`` of one arm in a parts directory (``DIR`` or ``DIR:ARM``; a variant ``DIR:evollm:NAME``)."""
+    """``{seed: run}`` of one arm of a parts directory (``DIR`` or ``DIR:ARM``; a variant ``DIR:evollm:NAME``) or
+    of a results JSON (``FILE.json[:ARM]``)."""
+    if ".json" in spec:
+        source, _, arm = spec.partition(".json")
+        arm = arm.lstrip(":") or "evollm"
+        runs = json.loads(Path(source + ".json").read_text())["runs"]
+        return f"{source}.json:{arm}", {int(r["seed"]): r for r in runs if r["arm"] == arm}
     folder, _, arm = spec.partition(":")
     arm = arm or "evollm"
     runs = {}

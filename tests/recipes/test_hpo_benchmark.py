@@ -435,3 +435,36 @@ def test_ranking_noise_tabulates_each_kind_of_ranking_over_the_runs():
     assert lines[2:] == ["| narrowing 8→4 | 3 | 0.70 | 1.40 | 2/3 | 1/2 |",
                          "| narrowing 4→1 | 1 | 0.20 | nan | 1/1 | 0/0 |",
                          "| selection 4→4 | 1 | 0.30 | 0.90 | 1/1 | 1/1 |"]
+
+
+def test_cut_evidence_replays_a_rule_that_keeps_the_default_founder_on_weak_leads(tmp_path, capsys):
+    """benchmarks.hpo.cut_evidence: for each first cut to one member with the default founder in it, the best
+    member's lead over the default founder in standard errors, and the replayed rule (a seed it would have kept
+    the default founder on counts as level with the default run); runs without such a cut are left out."""
+    from benchmarks.hpo.cut_evidence import first_cuts, main
+    # and, over every run, how often the first ranking had nothing to rank on
+
+    def evo(seed, fitness, se, kept, final, size_after=1):
+        hps = [{"lr": 1e-4}, {"lr": 8e-4}]
+        evals = [{"step": 25, "members": [1, 2], "hyperparameters": hps, "fitness": fitness, "fitness_se": se},
+                 {"step": 50, "members": [kept], "hyperparameters": [hps[kept - 1]]}]
+        cut = {"kind": "narrowing", "step": 25, "size_before": 2, "size_after": size_after}
+        return {**_run("evollm", seed, [final]), "founders": hps, "evaluations": evals, "rankings": [cut]}
+
+    runs = [evo(0, [0.0, 0.1], [0.0, 0.05], 2, 0.3),     # lead 2 se, the fast member kept: -0.1
+            evo(1, [0.1, 0.4], [0.05, 0.05], 2, 0.7),    # lead 4.2 se: +0.2
+            evo(2, [0.1, 0.1], [0.05, 0.05], 1, 0.28),   # a tie, the default founder kept: -0.02
+            evo(3, [0.0, 0.5], [0.0, 0.05], 2, 0.9),     # no default run for seed 3
+            evo(4, [0.0, 0.5], [0.0, 0.05], 2, 0.9, size_after=2)]  # not a cut to one
+    runs += [_run("default", s, [f]) for s, f in ((0, 0.4), (1, 0.5), (2, 0.3), (4, 0.1))]
+    cuts = first_cuts({"runs": runs})
+    assert [(c["seed"], round(c["z"], 2), c["kept_default"], round(c["diff"], 3)) for c in cuts] == \
+        [(0, 2.0, False, -0.1), (1, 4.24, False, 0.2), (2, 0.0, True, -0.02)]
+    (tmp_path / "hpo_t.json").write_text(json.dumps({"runs": runs}))
+    assert main([str(tmp_path / "hpo_t.json"), "--thresholds", "1", "3"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "t: first ranking at step 25 (narrowing 2→1: 4, narrowing 2→2: 1); every member's score equal on " \
+        "1 seeds of 5, no member above the default founder on 1"
+    # k = 1 keeps every cut as it was; k = 3 keeps the default founder on seed 0: [0, 0.2, -0.02]
+    assert out[-1] == \
+        "| t | 3 | +0.027 ± 0.090 | 1: -0.020 | 0 (+0.00); +0.027 ± 0.090 | 1 (-0.10); +0.060 ± 0.070 |"
