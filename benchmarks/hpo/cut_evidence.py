@@ -11,7 +11,7 @@ Then it replays a rule: "keep the default founder unless another member leads it
 errors". On the seeds where that rule would have kept the default founder and the cut did not, the run's
 result is replaced by the default run's own final score (difference 0). That is generous to the rule: the
 default founder's lineage trains alone with the search's steps taken out, so it ends at or a little below
-the default run (on seeds where the cut did keep it, the column "kept default" gives what it ended at).
+the default run (on seeds where the cut did keep it, the table's fourth column gives what it ended at).
 If even this bound loses on some task, no such threshold keeps the wins and avoids the losses. For every run
 it also counts, first, how often the first ranking had nothing to rank on (every member's score equal)::
 
@@ -48,10 +48,11 @@ def first_cuts(results: dict) -> list[dict]:
         best = max(range(len(fit)), key=lambda i: (fit[i], i == d))
         err = math.sqrt(se[best] ** 2 + se[d] ** 2)
         z = (fit[best] - fit[d]) / err if err > 0 else 0.0
-        kept_default = best == d or run["evaluations"][1]["members"][0] == first["members"][d] \
-            if len(run["evaluations"]) > 1 else best == d
+        # the member the cut kept: the next evaluation's only member (the ranking's best when there is none)
+        kept = run["evaluations"][1]["members"][0] if len(run["evaluations"]) > 1 else first["members"][best]
+        kept_default = kept == first["members"][d]
         diff = run["checkpoints"][-1]["score"] - default[run["seed"]]["checkpoints"][-1]["score"]
-        out.append({"seed": run["seed"], "z": z, "kept_default": bool(kept_default), "diff": diff})
+        out.append({"seed": run["seed"], "z": z, "kept_default": kept_default, "diff": diff})
     return out
 
 

@@ -440,9 +440,9 @@ def test_ranking_noise_tabulates_each_kind_of_ranking_over_the_runs():
 def test_cut_evidence_replays_a_rule_that_keeps_the_default_founder_on_weak_leads(tmp_path, capsys):
     """benchmarks.hpo.cut_evidence: for each first cut to one member with the default founder in it, the best
     member's lead over the default founder in standard errors, and the replayed rule (a seed it would have kept
-    the default founder on counts as level with the default run); runs without such a cut are left out."""
+    the default founder on counts as level with the default run); runs without such a cut are left out. And, over
+    every run, how often the first ranking had nothing to rank on."""
     from benchmarks.hpo.cut_evidence import first_cuts, main
-    # and, over every run, how often the first ranking had nothing to rank on
 
     def evo(seed, fitness, se, kept, final, size_after=1):
         hps = [{"lr": 1e-4}, {"lr": 8e-4}]
