@@ -25,7 +25,13 @@ import json
 import math
 import os
 
-from .stats import mean_se
+from .stats import fmt_diff, mean_se
+
+
+def _default_index(run: dict, evaluation: dict) -> int | None:
+    """Where the default founder (the run's first founder, the starting hyperparameters) is in ``evaluation``."""
+    at = [i for i, hp in enumerate(evaluation["hyperparameters"]) if hp == run["founders"][0]]
+    return at[0] if at else None
 
 
 def first_cuts(results: dict) -> list[dict]:
@@ -40,11 +46,10 @@ def first_cuts(results: dict) -> list[dict]:
         cut, first = run["rankings"][0], run["evaluations"][0]
         if cut["kind"] != "narrowing" or int(cut["size_after"]) != 1 or first["step"] != cut["step"]:
             continue
-        start = run["founders"][0]
-        at = [i for i, hp in enumerate(first["hyperparameters"]) if hp == start]
-        if not at:
+        d = _default_index(run, first)
+        if d is None:
             continue
-        d, fit, se = at[0], first["fitness"], first["fitness_se"]
+        fit, se = first["fitness"], first["fitness_se"]
         best = max(range(len(fit)), key=lambda i: (fit[i], i == d))
         err = math.sqrt(se[best] ** 2 + se[d] ** 2)
         z = (fit[best] - fit[d]) / err if err > 0 else 0.0
@@ -64,34 +69,27 @@ def first_rankings(results: dict) -> dict:
         if run["arm"] != "evollm" or not run.get("rankings") or not run.get("evaluations"):
             continue
         cut, first = run["rankings"][0], run["evaluations"][0]
-        at = [i for i, hp in enumerate(first["hyperparameters"]) if hp == run["founders"][0]]
-        fit = first["fitness"]
+        d, fit = _default_index(run, first), first["fitness"]
         out["seeds"] += 1
         out["all_equal"] += len(set(fit)) == 1
-        out["default_best"] += bool(at) and max(fit) <= fit[at[0]]
+        out["default_best"] += d is not None and max(fit) <= fit[d]
         key = f"{cut['kind']} {int(cut['size_before'])}→{int(cut['size_after'])}"
         out["cuts"][key] = out["cuts"].get(key, 0) + 1
         out["steps"].add(int(first["step"]))
     return out
 
 
-def _mean_se(values: list[float]) -> str:
-    if not values:
-        return "–"
-    mean, se = mean_se(values)
-    return f"{mean:+.3f} ± {se:.3f}" if len(values) > 1 else f"{mean:+.3f}"
-
-
 def table(name: str, cuts: list[dict], thresholds: tuple[float, ...]) -> list[str]:
     """Markdown rows for one task: evollm − the default run as measured, and with each threshold's rule."""
     kept = [c["diff"] for c in cuts if c["kept_default"]]
-    rows = [f"| {name} | {len(cuts)} | {_mean_se([c['diff'] for c in cuts])} | {len(kept)}: {_mean_se(kept)} |"]
+    measured = fmt_diff(*mean_se([c["diff"] for c in cuts]))
+    row = f"| {name} | {len(cuts)} | {measured} | {len(kept)}: {fmt_diff(*mean_se(kept))} |"
     for k in thresholds:
-        flipped = [c for c in cuts if not c["kept_default"] and c["z"] < k]
-        replayed = [0.0 if (not c["kept_default"] and c["z"] < k) else c["diff"] for c in cuts]
-        lost = sum(c["diff"] for c in flipped)
-        rows[0] += f" {len(flipped)} ({lost:+.2f}); {_mean_se(replayed)} |"
-    return rows
+        flips = [not c["kept_default"] and c["z"] < k for c in cuts]
+        replayed = [0.0 if flip else c["diff"] for c, flip in zip(cuts, flips)]
+        lost = sum(c["diff"] for c, flip in zip(cuts, flips) if flip)
+        row += f" {sum(flips)} ({lost:+.2f}); {fmt_diff(*mean_se(replayed))} |"
+    return [row]
 
 
 def main(argv: list[str] | None = None) -> int:
