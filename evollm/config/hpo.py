@@ -224,6 +224,14 @@ class NarrowingSection(Section):
                             "REINFORCE +0.026, the game +0.017, chain_calc -0.020 +- 0.008 (32 seeds), so an option "
                             "(benchmarks/README.md, HPO section).")
 
+    decay: str = option("none", "`cosine`: after the last cut the members left (the lone member) train at their "
+                        "learning rates times a factor that falls along a half cosine, over the budget left, to the rate "
+                        "the run started from (the default founder's; a member at or below it keeps its rate): the rate "
+                        "the cuts found, then the starting one, as a schedule instead of a step. Scales the optimizer's "
+                        "groups (a PPO critic's too), like train.lr_cooldown, and combines with it. Needs "
+                        "algorithm.default_founder. `none` (default) keeps the rates as they are.",
+                        choices=("none", "cosine"))
+
     def build(self):
         """The :class:`~evollm.hpo.narrowing.Narrowing`, or ``None`` when ``at`` is empty."""
         if not self.at:
@@ -237,7 +245,8 @@ class NarrowingSection(Section):
                              rollback_lr=self.rollback_lr, max_rollbacks=self.max_rollbacks, decline_se=self.decline_se,
                              on_tie=self.on_tie, tiebreak=self.tiebreak, tie_se=self.tie_se, anneal=self.anneal,
                              anneal_lr=self.anneal_lr, max_anneals=self.max_anneals, anneal_share=self.anneal_share,
-                             anneal_floor=self.anneal_floor, wait_se=self.wait_se, wait_until=self.wait_until, pair_cut=self.pair_cut)
+                             anneal_floor=self.anneal_floor, wait_se=self.wait_se, wait_until=self.wait_until, pair_cut=self.pair_cut,
+                             decay=self.decay)
         except ValueError as e:
             raise ConfigError(f"hpo.narrowing: {e}") from e
 

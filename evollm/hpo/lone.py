@@ -25,6 +25,8 @@ ANNEAL_LR = 0.5
 MAX_ANNEALS = 2
 #: share of the budget a plateau must last before an anneal, at least ``patience`` evaluations (``Narrowing.anneal_share``)
 ANNEAL_SHARE = 0.1
+#: how the learning rates of the members left after the last cut fall to the run's starting rates (``Narrowing.decay``)
+DECAYS = ("none", "cosine")
 
 
 @functools.lru_cache(maxsize=None)
@@ -198,3 +200,33 @@ def stalled(fitness: Sequence[float], no_signal: Sequence[bool], patience: int =
     False
     """
     return plateaued(fitness, patience) and lacks_signal(no_signal, share)
+
+
+def decay_factor(fraction: float, since: float, floor: float) -> float:
+    """The factor on a lone member's learning rates with ``fraction`` of the budget spent (``Narrowing.decay``:
+    ``"cosine"``): 1 up to ``since`` (the fraction at which the last cut left it alone), then along a half cosine
+    down to ``floor`` at the end of the budget (``floor`` past it). ``floor`` is the run's starting rate over the
+    member's own (:func:`decay_floor`), so the rate the cuts found falls back to the one the run started from.
+
+    >>> [round(decay_factor(f, 0.2, 0.25), 4) for f in (0.1, 0.2, 0.6, 1.0, 1.2)]
+    [1.0, 1.0, 0.625, 0.25, 0.25]
+    >>> round(decay_factor(0.4, 0.2, 0.25), 4)  # a quarter of the way: 0.25 + 0.75 * (1 + cos(pi / 4)) / 2
+    0.8902
+    """
+    fraction, since, floor = float(fraction), float(since), float(floor)
+    if fraction <= since:
+        return 1.0
+    t = min((fraction - since) / (1.0 - since), 1.0) if since < 1.0 else 1.0
+    return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * t))
+
+
+def decay_floor(own: float, start: float) -> float:
+    """The factor at the end of the decay for a member at rate ``own`` in a run that started at ``start``:
+    ``start / own``, and 1 for a member at or below the starting rate (the decay brings only the faster rates the
+    cuts kept back toward it; a slower one trains on as it is).
+
+    >>> decay_floor(4e-4, 1e-4), decay_floor(5e-5, 1e-4), decay_floor(1e-4, 1e-4)
+    (0.25, 1.0, 1.0)
+    """
+    own, start = float(own), float(start)
+    return min(1.0, start / own) if own > 0.0 else 1.0

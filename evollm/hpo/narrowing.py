@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, Optional, Sequence
 
-from evollm.hpo.lone import (ANNEAL_LR, ANNEAL_SHARE, DECLINE, DECLINE_SE, MAX_ANNEALS, MAX_ROLLBACKS, ROLLBACK_LR,
+from evollm.hpo.lone import (ANNEAL_LR, ANNEAL_SHARE, DECAYS, DECLINE, DECLINE_SE, MAX_ANNEALS, MAX_ROLLBACKS, ROLLBACK_LR,
                              STALL_NO_SIGNAL, STALL_PATIENCE)
 
 
@@ -209,6 +209,13 @@ class Narrowing:
             default (benchmarks/README.md, "The last pair"): tiny GRPO +0.012 +- 0.006 (24 seeds), REINFORCE +0.026
             +- 0.018 (16), the game +0.017 +- 0.026 (20), chain_calc -0.020 +- 0.008 (32 seeds, 21 behind): on
             chain_calc the races between a member and its clone drift the rate where it pays, so it stays an option.
+        decay: ``"cosine"``: once every milestone has been acted on, the members left (the lone member, and
+            whoever takes its place after a stall swap or roll-back) train at their learning rates times
+            :func:`~evollm.hpo.lone.decay_factor`, which falls along a half cosine from 1 where the last cut
+            was acted on (``lone_since``) to the run's starting rate (the default founder's) over the member's
+            own at the end of the budget; a member at or below the starting rate keeps its rate. The factor
+            scales the optimizer's groups (critic too), as ``train.lr_cooldown`` does, so the hyperparameters
+            keep the rate the cuts found. Default ``"none"``.
 
     A milestone is acted on at the first step that has a fresh ranking (an evaluation, or any step
     when the selection ranks on training rewards) at or after it. Several milestones crossed at once
@@ -224,7 +231,7 @@ class Narrowing:
                  tie_se: float = 0.0, anneal: bool = True, anneal_lr: float = ANNEAL_LR,
                  max_anneals: int = MAX_ANNEALS, anneal_share: float = ANNEAL_SHARE, wait_se: float = 0.0,
                  wait_until: Optional[float] = None, revive_rate: str = "between", pair_cut: bool = False,
-                 anneal_floor: str = "start") -> None:
+                 anneal_floor: str = "start", decay: str = "none") -> None:
         at = [float(a) for a in at]
         if not at:
             raise ValueError("Narrowing.at must name at least one fraction of the budget")
@@ -258,6 +265,8 @@ class Narrowing:
             raise ValueError(f"Narrowing.max_anneals must be >= 0, got {max_anneals!r}")
         if anneal_floor not in ANNEAL_FLOORS:
             raise ValueError(f"Narrowing.anneal_floor must be one of {list(ANNEAL_FLOORS)}, got {anneal_floor!r}")
+        if decay not in DECAYS:
+            raise ValueError(f"Narrowing.decay must be one of {list(DECAYS)}, got {decay!r}")
         if not 0.0 <= float(anneal_share) < 1.0:
             raise ValueError(f"Narrowing.anneal_share must be a share of the budget in [0, 1), got {anneal_share!r}")
         if not float(tie_se) >= 0.0:
@@ -282,6 +291,8 @@ class Narrowing:
         self.wait_se = float(wait_se)
         self.wait_until = float(wait_until) if wait_until is not None else self.at[-1]
         self.pair_cut = bool(pair_cut)
+        self.decay = decay
+        self.lone_since: Optional[float] = None  # budget fraction at which the last cut was acted on (decay)
         self.passed = 0  # milestones acted on
         self.deferred = 0  # milestones due that the last cut left for the next regular ranking (on_tie)
         self.elapsed_s = 0.0  # budget-clock seconds spent before this process started (resume)
@@ -403,15 +414,18 @@ class Narrowing:
         return worst == best or (math.isfinite(margin) and worst - best < margin)
 
     def state_dict(self) -> dict:
-        """Milestones passed, budget seconds spent, the milestones the last cut deferred and the rankings the
-        due cut has waited (JSON)."""
-        return {"passed": self.passed, "elapsed_s": self.elapsed_s, "deferred": self.deferred, "waited": self.waited}
+        """Milestones passed, budget seconds spent, the milestones the last cut deferred, the rankings the
+        due cut has waited and the budget fraction at which the last cut left the members alone (JSON)."""
+        return {"passed": self.passed, "elapsed_s": self.elapsed_s, "deferred": self.deferred, "waited": self.waited,
+                "lone_since": self.lone_since}
 
     def load_state_dict(self, state: dict) -> None:
         self.passed = int(state["passed"])
         self.deferred = int(state.get("deferred", 0))
         self.elapsed_s = float(state.get("elapsed_s", 0.0))
         self.waited = int(state.get("waited", 0))
+        since = state.get("lone_since")
+        self.lone_since = float(since) if since is not None else None
 
     def __repr__(self) -> str:
         return (f"Narrowing(at={list(self.at)}, keep={self.keep}, min_size={self.min_size}, evaluate={self.evaluate}, "
@@ -421,7 +435,7 @@ class Narrowing:
                 f"max_rollbacks={self.max_rollbacks}, on_tie={self.on_tie!r}, tiebreak={self.tiebreak!r}, "
                 f"tie_se={self.tie_se}, anneal={self.anneal}, anneal_lr={self.anneal_lr}, max_anneals={self.max_anneals}, "
                 f"anneal_share={self.anneal_share}, anneal_floor={self.anneal_floor!r}, wait_se={self.wait_se}, wait_until={self.wait_until}, "
-                f"pair_cut={self.pair_cut})")
+                f"pair_cut={self.pair_cut}, decay={self.decay!r})")
 
     @property
     def finished(self) -> bool:

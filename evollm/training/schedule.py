@@ -1,5 +1,6 @@
-"""The run's budget: its clock (:func:`budget_clock`), and a learning-rate cool-down over its last share
-(``train.lr_cooldown``, :func:`cool_down`).
+"""The run's budget: its clock (:func:`budget_clock`), a learning-rate cool-down over its last share
+(``train.lr_cooldown``, :func:`cool_down`), and the decay of the rates the narrowing's cuts found
+(``hpo.narrowing.decay``, :func:`decay_factors`) over the budget left after its last cut.
 
 Every member trains at its own learning rates (its hyperparameters, evolving with it) until the last
 ``share`` of the budget, and then at those rates times a factor that falls linearly to ``floor`` at the end
@@ -10,8 +11,9 @@ budget cool down over the same share of it.
 
 The factor scales the optimizer's param groups only; ``member.config`` keeps the rates the member's
 hyperparameters give (what mutation perturbs, what the report shows), and a mutation during the cool-down sets a
-new rate that the next step scales. ``member.lr_factor`` is the factor its param groups carry now; run
-checkpoints save it with the optimizer, so a resumed run checks the saved rates against it.
+new rate that the next step scales. ``member.lr_factor`` is the factor its param groups carry now (the
+cool-down's times the decay's); run checkpoints save it with the optimizer, so a resumed run checks the saved
+rates against it.
 """
 
 from __future__ import annotations
@@ -68,13 +70,46 @@ def apply_lr_factor(members: Sequence, factor: float) -> None:
             agent.lr_factor = float(factor)
 
 
-def cool_down(agents: list, settings, done: int, elapsed: float) -> None:
-    """``train.lr_cooldown``: every member's param groups at its rates times the cool-down's factor at the budget
-    spent after ``done`` steps (``elapsed`` seconds on the budget's clock; ``settings``: the loop's)."""
-    if settings.lr_cooldown > 0:
-        from evollm.hpo.narrowing import budget_fraction
-        fraction = dist.broadcast_object(budget_fraction(done, settings.max_steps, elapsed, settings.max_time))
-        apply_lr_factor(agents, cooldown_factor(fraction, settings.lr_cooldown, settings.lr_cooldown_floor))
+def cool_down(agents: list, settings, done: int, elapsed: float, record=None) -> None:
+    """Every member's param groups at its rates times the factor of the budget spent after ``done`` steps
+    (``elapsed`` seconds on the budget's clock; ``settings``: the loop's): ``train.lr_cooldown``'s
+    (:func:`cooldown_factor`), times, once the narrowing's schedule is finished and ``hpo.narrowing.decay`` is
+    ``"cosine"``, the decay's (:func:`decay_factors`; ``record``: the run's, for the rates it started from)."""
+    narrowing = settings.narrowing
+    decaying = narrowing is not None and narrowing.decay != "none" and narrowing.finished
+    if not settings.lr_cooldown > 0 and not decaying:
+        return
+    from evollm.hpo.narrowing import budget_fraction
+    fraction = dist.broadcast_object(budget_fraction(done, settings.max_steps, elapsed, settings.max_time))
+    factor = cooldown_factor(fraction, settings.lr_cooldown, settings.lr_cooldown_floor)
+    if not decaying:
+        apply_lr_factor(agents, factor)
+        return
+    if narrowing.lone_since is None:  # the first step after the last cut: the decay starts here
+        narrowing.lone_since = float(fraction)
+    for member, decay in zip(agents, decay_factors(agents, record, fraction, narrowing.lone_since)):
+        apply_lr_factor([member], factor * decay)
+
+
+def decay_factors(members: Sequence, record, fraction: float, since: float) -> list[float]:
+    """``hpo.narrowing.decay``: each member's :func:`~evollm.hpo.lone.decay_factor` at ``fraction`` of the budget,
+    falling from 1 at ``since`` to the rate the run started from (``record``'s default founder's,
+    :func:`~evollm.training.revival.starting_rates`) over the member's policy rate (the first of
+    :func:`~evollm.training.revival.learning_rate_names`). One line naming the option where that rate is unknown."""
+    from evollm.hpo.lone import decay_factor, decay_floor
+    from .revival import learning_rate_names, starting_rates
+
+    start = starting_rates(record) if record is not None else {}
+    factors = []
+    for member in members:
+        names = learning_rate_names(member)
+        if not names or names[0] not in start:
+            raise ValueError(f"hpo.narrowing.decay: the rate the run started from is unknown for member "
+                             f"{member.index} ({names[0] if names else 'no learning rate'}); the decay needs the "
+                             f"default founder (algorithm.default_founder: true) holding it")
+        own = float(member.get_hyperparameter(names[0]))
+        factors.append(decay_factor(fraction, since, decay_floor(own, start[names[0]])))
+    return factors
 
 
 def budget_clock(kind) -> Callable[[], float]:

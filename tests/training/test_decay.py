@@ -1,0 +1,148 @@
+"""``hpo.narrowing.decay``: after the last cut the member left trains at its learning rate times a factor that
+falls along a half cosine to the rate the run started from: the factor by hand, in the loop (reaching the
+optimizer, the hyperparameters left alone, combined with ``train.lr_cooldown``), its settings and errors, and
+exact resume from a checkpoint inside it."""
+
+import json
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+from conftest import StopAt, lone_member_run, make_grpo
+
+from evollm.hpo import Narrowing
+from evollm.hpo.lone import decay_factor, decay_floor
+from evollm.run import list_checkpoints
+from evollm.training.callbacks import Callback
+
+
+def test_the_factor_by_hand():
+    assert decay_factor(0.1, 0.2, 0.25) == 1.0 and decay_factor(0.2, 0.2, 0.25) == 1.0  # before the last cut
+    assert decay_factor(0.6, 0.2, 0.25) == pytest.approx(0.625)  # half way: 0.25 + 0.75 / 2
+    assert decay_factor(0.4, 0.2, 0.25) == pytest.approx(0.25 + 0.75 * (1 + math.cos(math.pi / 4)) / 2)
+    assert decay_factor(1.0, 0.2, 0.25) == pytest.approx(0.25) and decay_factor(1.3, 0.2, 0.25) == pytest.approx(0.25)
+    assert decay_factor(1.0, 1.0, 0.25) == 1.0 and decay_factor(1.1, 1.0, 0.25) == 0.25  # no budget left to fall over
+    assert decay_floor(4e-4, 1e-4) == pytest.approx(0.25)
+    assert decay_floor(1e-4, 1e-4) == 1.0 and decay_floor(5e-5, 1e-4) == 1.0  # at or below the start: kept
+
+
+def test_settings_and_state():
+    assert Narrowing().decay == "none"  # off until measured
+    with pytest.raises(ValueError, match=r"decay must be one of \['none', 'cosine'\], got 'linear'"):
+        Narrowing(decay="linear")
+    n = Narrowing(decay="cosine")
+    n.lone_since = 0.21
+    again = Narrowing(decay="cosine")
+    again.load_state_dict(json.loads(json.dumps(n.state_dict())))
+    assert again.lone_since == 0.21
+    again.load_state_dict({"passed": 3})  # a checkpoint written before the option: no decay started
+    assert again.lone_since is None
+
+
+def test_config_builds_it_and_names_what_it_needs():
+    from evollm.config import ConfigError, RunConfig
+
+    base = {"model": {"source": "tiny"}, "algorithm": {"name": "GRPO", "population_size": 4},
+            "train": {"evo_steps": 10, "evaluation_interval": 10}}
+    cfg = RunConfig.from_dict({**base, "hpo": {"narrowing": {"decay": "cosine"}}})
+    assert cfg.hpo.narrowing.build().decay == "cosine"
+    with pytest.raises(ConfigError, match="hpo.narrowing.decay='cosine' falls to the rate the run started from"):
+        RunConfig.from_dict({**base, "algorithm": {**base["algorithm"], "default_founder": False},
+                             "hpo": {"narrowing": {"decay": "cosine"}}})
+    with pytest.raises(ConfigError, match="hpo.narrowing.decay"):
+        RunConfig.from_dict({**base, "hpo": {"narrowing": {"decay": "step"}}})
+
+
+def _reward(completion, answer, question=""):
+    return 1.0 + float(len(completion) % 3)
+
+
+class _Fast(Callback):
+    """At the cut (the first selection), the survivor's lr is set to ``lr`` (a rate above the starting one, as the
+    cuts keep); after every step, the survivor's lr hyperparameter, actor group rate and factor."""
+
+    def __init__(self, lr):
+        self.lr, self.seen = lr, []
+
+    def on_selection(self, state, result):
+        state.agents[0].set_hyperparameter("lr", self.lr)
+
+    def on_step_complete(self, state):
+        a = state.agents[0]
+        group = next(g for g in a.optimizer.param_groups if g.get("name") == "actor")
+        self.seen.append((state.step, len(state.agents), a.get_hyperparameter("lr"), group["lr"], a.lr_factor))
+
+
+def _run(ckpt=None, resume=False, callbacks=(), decay="cosine", default_founder=0):
+    narrowing = Narrowing(at=(0.1,), keep=0.5, min_size=1, revive=False, rollback=False, anneal=False, decay=decay)
+    return lone_member_run(narrowing, _reward, ckpt, resume, callbacks, default_founder=default_founder)
+
+
+def test_the_lone_member_falls_from_its_rate_to_the_start_along_a_cosine():
+    """Two members at 1e-3 (member 0 the default founder: the run started at 1e-3), cut to one at step 1 of 8,
+    whose rate is then 4e-3: from step 1 (an eighth of the budget) its group trains at 4e-3 times a factor falling
+    from 1 to 1e-3 / 4e-3 = 0.25 at step 8; the hyperparameter stays 4e-3."""
+    fast = _Fast(4e-3)
+    agents, record = _run(callbacks=[fast])
+    assert [(s, n) for s, n, *_ in fast.seen] == [(s, 1) for s in range(1, 9)]
+    for step, _, lr, group_lr, factor in fast.seen:
+        want = decay_factor(step / 8, 1 / 8, 0.25)
+        assert lr == 4e-3 and factor == pytest.approx(want) and group_lr == pytest.approx(4e-3 * want)
+    assert [round(f, 3) for *_, f in fast.seen] == [1.0, 0.963, 0.859, 0.708, 0.542, 0.391, 0.287, 0.25]  # 0.25 + 0.375 (1 + cos(pi (s - 1) / 7))
+
+
+def test_off_or_at_the_starting_rate_the_rates_stay():
+    fast = _Fast(4e-3)
+    _run(callbacks=[fast], decay="none")
+    assert all(g == lr == 4e-3 and f == 1.0 for *_, lr, g, f in fast.seen)
+    start = _Fast(1e-3)  # the survivor at the rate the run started from: nothing to fall to
+    _run(callbacks=[start])
+    assert all(g == lr == 1e-3 and f == 1.0 for *_, lr, g, f in start.seen)
+
+
+def test_without_the_starting_rate_the_run_stops_with_one_line():
+    with pytest.raises(ValueError, match=r"hpo.narrowing.decay: the rate the run started from is unknown for member "
+                                         r"\d \(lr\); the decay needs the default founder"):
+        _run(callbacks=[_Fast(4e-3)], default_founder=None)
+
+
+def test_resume_inside_the_decay_is_exact(tmp_path):
+    agents, record = _run(tmp_path / "a", callbacks=[_Fast(4e-3)])
+    folder = tmp_path / "b"
+    with pytest.raises(KeyboardInterrupt):
+        _run(folder, callbacks=[_Fast(4e-3), StopAt(5)])
+    step, path = list_checkpoints(folder)[-1]
+    assert step == 5
+    meta = json.loads(next(path.rglob("optimizer.json")).read_text())
+    assert meta["lr_factor"] == pytest.approx(decay_factor(5 / 8, 1 / 8, 0.25))  # the saved rates are the decayed ones
+    again, record2 = _run(folder, resume=True)  # no callback now: the rate 4e-3 comes from the checkpoint
+    assert record.report().equals(record2.report())
+    state, state2 = (a.shared.state_dict(a.adapter_name()) for a in (agents[0], again[0]))
+    assert list(state) == list(state2) and all(torch.equal(state[k], state2[k]) for k in state)
+    assert again[0].lr_factor == agents[0].lr_factor == pytest.approx(0.25)
+
+
+def test_it_combines_with_the_cool_down():
+    """Both on: the groups train at the member's rate times the cool-down's factor times the decay's."""
+    from evollm.recipes.warm_start import load_tiny_model
+    from evollm.run.population import Birth, Population
+    from evollm.training.schedule import cool_down, cooldown_factor
+
+    model, tok = load_tiny_model(warm_start=False, seed=0)
+    agent = make_grpo(model, tok, lr=4e-4)[0]
+    record = Population()
+    record.births = [Birth(0, None, 0, 0, hyperparameters={"lr": 1e-4}, default_founder=True)]
+    narrowing = Narrowing(at=(0.1,), decay="cosine")
+    settings = SimpleNamespace(narrowing=narrowing, lr_cooldown=0.2, lr_cooldown_floor=0.1, max_steps=100,
+                               max_time=None)
+    cool_down([agent], settings, 10, 0.0, record)  # the schedule not finished: neither factor yet
+    assert agent.lr_factor == 1.0 and narrowing.lone_since is None
+    narrowing.passed = 1  # the last cut acted on at step 20
+    cool_down([agent], settings, 20, 0.0, record)
+    assert narrowing.lone_since == pytest.approx(0.2) and agent.lr_factor == 1.0
+    cool_down([agent], settings, 90, 0.0, record)
+    want = cooldown_factor(0.9, 0.2, 0.1) * decay_factor(0.9, 0.2, 0.25)
+    group = next(g for g in agent.optimizer.param_groups if g.get("name") == "actor")
+    assert agent.lr_factor == pytest.approx(want) and group["lr"] == pytest.approx(4e-4 * want)
+    assert agent.get_hyperparameter("lr") == 4e-4
