@@ -228,7 +228,8 @@ class NarrowingSection(Section):
                         "learning rates times a factor that falls along a half cosine, over the budget left, to the rate "
                         "the run started from (the default founder's; a member at or below it keeps its rate): the rate "
                         "the cuts found, then the starting one, as a schedule instead of a step. Scales the optimizer's "
-                        "groups (a PPO critic's too), like train.lr_cooldown, and combines with it. Needs "
+                        "groups (a PPO critic's too), like train.lr_cooldown, and combines with it; replaces `anneal`, which "
+                        "does not act while it is on. Needs "
                         "algorithm.default_founder. `none` (default) keeps the rates as they are.",
                         choices=("none", "cosine"))
 

@@ -215,7 +215,8 @@ class Narrowing:
             was acted on (``lone_since``) to the run's starting rate (the default founder's) over the member's
             own at the end of the budget; a member at or below the starting rate keeps its rate. The factor
             scales the optimizer's groups (critic too), as ``train.lr_cooldown`` does, so the hyperparameters
-            keep the rate the cuts found. Default ``"none"``.
+            keep the rate the cuts found. It replaces the ``anneal``, which does not act while it is on (both
+            halved the falling rates again on the plateaus the fall made). Default ``"none"``.
 
     A milestone is acted on at the first step that has a fresh ranking (an evaluation, or any step
     when the selection ranks on training rewards) at or after it. Several milestones crossed at once

@@ -80,10 +80,10 @@ def _flat_reward(completion, answer, question=""):
 
 
 def _run(ckpt=None, resume=False, callbacks=(), anneal=True, max_anneals=2, verbose=False, scales=RISE_AND_FALL,
-         anneal_share=0.1, anneal_floor="range", default_founder=None, reward=_reward):
+         anneal_share=0.1, anneal_floor="range", default_founder=None, reward=_reward, decay="none"):
     PHASE["scale"] = scales[-1] if resume else scales[0]  # a resumed run starts after step 5
     narrowing = Narrowing(at=(0.1,), keep=0.5, min_size=1, revive=False, rollback=False, patience=2, anneal=anneal,
-                          max_anneals=max_anneals, anneal_share=anneal_share, anneal_floor=anneal_floor)
+                          max_anneals=max_anneals, anneal_share=anneal_share, anneal_floor=anneal_floor, decay=decay)
     return lone_member_run(narrowing, reward, ckpt, resume, [_Phases(scales), *callbacks], verbose=verbose,
                            default_founder=default_founder)
 
@@ -183,6 +183,13 @@ def test_without_anneal_the_rate_stays():
     agents, record = _run(max_anneals=1)
     assert list(record.selections().query("kind == 'revival'")["step"]) == [4]
     assert agents[0].get_hyperparameter("lr") == pytest.approx(5e-4)
+
+
+def test_the_decay_replaces_the_anneal():
+    """The plateaus of the first run, with ``decay: cosine``: no anneal; the rate falls on its schedule instead
+    (member 0, the default founder, started the run at 1e-3 like the survivor, so the factor stays 1)."""
+    agents, record = _run(decay="cosine", default_founder=0)
+    assert "revival" not in set(record.selections()["kind"]) and agents[0].get_hyperparameter("lr") == 1e-3
 
 
 def test_resume_across_an_anneal_is_exact(tmp_path):
