@@ -62,7 +62,7 @@ def apply_lr_factor(members: Sequence, factor: float) -> None:
                 continue
             groups = getattr(agent.optimizer, "param_groups", None)
             if groups is None:
-                raise ValueError(f"train.lr_cooldown: member {agent.index}'s optimizer "
+                raise ValueError(f"train.lr_cooldown / hpo.narrowing.decay: member {agent.index}'s optimizer "
                                  f"({type(agent.optimizer).__name__}) has no param groups to scale")
             rates = {g.get("name"): float(g["lr"]) for g in agent._param_groups()}
             for group in groups:
