@@ -229,8 +229,9 @@ class NarrowingSection(Section):
                         "the run started from (the default founder's; a member at or below it keeps its rate): the rate "
                         "the cuts found, then the starting one, as a schedule instead of a step. Scales the optimizer's "
                         "groups (a PPO critic's too), like train.lr_cooldown, and combines with it; replaces `anneal`, which "
-                        "does not act while it is on. Needs "
-                        "algorithm.default_founder. `none` (default) keeps the rates as they are.",
+                        "does not act while it is on. Without a default founder (algorithm.default_founder, or starting values "
+                        "outside the search range) it falls to the range's lower end. `none` (default) keeps the rates "
+                        "as they are.",
                         choices=("none", "cosine"))
 
     def build(self):

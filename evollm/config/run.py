@@ -404,10 +404,6 @@ class RunConfig(Section):
             raise ConfigError(f"train.evo_steps={train.evo_steps} must be a multiple of train.evaluation_interval="
                               f"{train.evaluation_interval} (selection needs a fresh evaluation; or rank on training "
                               "rewards with hpo.selection.fitness: train)")
-        if self.hpo.narrowing.decay != "none" and self.hpo.narrowing.at and not self.algorithm.default_founder:
-            raise ConfigError(f"hpo.narrowing.decay={self.hpo.narrowing.decay!r} falls to the rate the run started "
-                              "from, which only the default founder holds; set algorithm.default_founder: true or "
-                              "hpo.narrowing.decay: none")
         check_no_effect(self)
         check_ranges(self.hp_config(), self.algorithm.agent_config(self.seed))
         if self.train.evo_steps is not None:

@@ -213,7 +213,8 @@ class Narrowing:
             whoever takes its place after a stall swap or roll-back) train at their learning rates times
             :func:`~evollm.hpo.lone.decay_factor`, which falls along a half cosine from 1 where the last cut
             was acted on (``lone_since``) to the run's starting rate (the default founder's) over the member's
-            own at the end of the budget; a member at or below the starting rate keeps its rate. The factor
+            own at the end of the budget (without a default founder: the search range's lower end); a member
+            at or below that rate keeps its rate. The factor
             scales the optimizer's groups (critic too), as ``train.lr_cooldown`` does, so the hyperparameters
             keep the rate the cuts found. It replaces the ``anneal``, which does not act while it is on (both
             halved the falling rates again on the plateaus the fall made). Default ``"none"``.

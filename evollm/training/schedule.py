@@ -95,7 +95,9 @@ def decay_factors(members: Sequence, record, fraction: float, since: float) -> l
     """``hpo.narrowing.decay``: each member's :func:`~evollm.hpo.lone.decay_factor` at ``fraction`` of the budget,
     falling from 1 at ``since`` to the rate the run started from (``record``'s default founder's,
     :func:`~evollm.training.revival.starting_rates`) over the member's policy rate (the first of
-    :func:`~evollm.training.revival.learning_rate_names`). One line naming the option where that rate is unknown."""
+    :func:`~evollm.training.revival.learning_rate_names`). Without a default founder (the starting values lay
+    outside the search range, or ``algorithm.default_founder: false``) the rate falls to its search range's lower
+    end, as the anneal's floor does; a rate nobody searched keeps its value."""
     from evollm.hpo.lone import decay_factor, decay_floor
     from .revival import learning_rate_names, starting_rates
 
@@ -103,12 +105,15 @@ def decay_factors(members: Sequence, record, fraction: float, since: float) -> l
     factors = []
     for member in members:
         names = learning_rate_names(member)
-        if not names or names[0] not in start:
-            raise ValueError(f"hpo.narrowing.decay: the rate the run started from is unknown for member "
-                             f"{member.index} ({names[0] if names else 'no learning rate'}); the decay needs the "
-                             f"default founder (algorithm.default_founder: true) holding it")
+        if not names:
+            factors.append(1.0)
+            continue
         own = float(member.get_hyperparameter(names[0]))
-        factors.append(decay_factor(fraction, since, decay_floor(own, start[names[0]])))
+        target = start.get(names[0])
+        if target is None:
+            space = getattr(member, "hp_config", None)
+            target = float(space[names[0]].min) if space is not None and names[0] in space.rl_hp_names() else own
+        factors.append(decay_factor(fraction, since, decay_floor(own, target)))
     return factors
 
 

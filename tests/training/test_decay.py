@@ -40,16 +40,13 @@ def test_settings_and_state():
     assert again.lone_since is None
 
 
-def test_config_builds_it_and_names_what_it_needs():
+def test_config_builds_it_and_names_what_is_valid():
     from evollm.config import ConfigError, RunConfig
 
     base = {"model": {"source": "tiny"}, "algorithm": {"name": "GRPO", "population_size": 4},
             "train": {"evo_steps": 10, "evaluation_interval": 10}}
     cfg = RunConfig.from_dict({**base, "hpo": {"narrowing": {"decay": "cosine"}}})
     assert cfg.hpo.narrowing.build().decay == "cosine"
-    with pytest.raises(ConfigError, match="hpo.narrowing.decay='cosine' falls to the rate the run started from"):
-        RunConfig.from_dict({**base, "algorithm": {**base["algorithm"], "default_founder": False},
-                             "hpo": {"narrowing": {"decay": "cosine"}}})
     with pytest.raises(ConfigError, match="hpo.narrowing.decay"):
         RunConfig.from_dict({**base, "hpo": {"narrowing": {"decay": "step"}}})
 
@@ -101,10 +98,22 @@ def test_off_or_at_the_starting_rate_the_rates_stay():
     assert all(g == lr == 1e-3 and f == 1.0 for *_, lr, g, f in start.seen)
 
 
-def test_without_the_starting_rate_the_run_stops_with_one_line():
-    with pytest.raises(ValueError, match=r"hpo.narrowing.decay: the rate the run started from is unknown for member "
-                                         r"\d \(lr\); the decay needs the default founder"):
-        _run(callbacks=[_Fast(4e-3)], default_founder=None)
+def test_without_a_default_founder_the_rate_falls_to_its_range_or_stays():
+    """No founder held the starting values (they lay outside the search range): a searched rate falls to its
+    range's lower end; a rate nobody searched (no search space) keeps its value."""
+    from evollm.hpo import HyperparameterConfig, RLParameter
+    from evollm.recipes.warm_start import load_tiny_model
+    from evollm.run.population import Population
+    from evollm.training.schedule import decay_factors
+
+    fast = _Fast(4e-3)
+    _run(callbacks=[fast], default_founder=None)  # lone_member_run's members have no search space
+    assert all(g == lr == 4e-3 and f == 1.0 for *_, lr, g, f in fast.seen)
+    model, tok = load_tiny_model(warm_start=False, seed=0)
+    space = HyperparameterConfig(lr=RLParameter(min=5e-4, max=3e-3, log=True))
+    agent = make_grpo(model, tok, lr=2e-3, hp_config=space)[0]
+    assert decay_factors([agent], Population(), 1.0, 0.2) == [pytest.approx(0.25)]  # 5e-4 / 2e-3
+    assert decay_factors([agent], Population(), 0.6, 0.2) == [pytest.approx(0.625)]
 
 
 def test_resume_inside_the_decay_is_exact(tmp_path):
