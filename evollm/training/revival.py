@@ -179,17 +179,21 @@ def _set_learning_rates(agent, new_rate: Callable[[str, float], float]) -> dict[
     return changed
 
 
+def range_min(agent, name: str) -> float | None:
+    """The lower end of ``agent``'s search range for ``name``; ``None`` when its search space does not hold it."""
+    space = getattr(agent, "hp_config", None)
+    return float(space[name].min) if space is not None and name in space.rl_hp_names() else None
+
+
 def scaled_learning_rates(agent, factor: float, fell=None, floor: dict[str, float] | None = None
                           ) -> dict[str, tuple[float, float]]:
     """Set ``agent``'s learning rates (:func:`learning_rate_names`) to ``factor`` times the lower of its own and
     those of ``fell`` (the member that fell away, when given: a second roll-back lowers the rate again), not below
     their search range's lower end, nor below ``floor[name]`` (where given) unless the rate was below it already
     (a rate at or below its floor stays as it is). Returns ``{name: (old, new)}``."""
-    space = getattr(agent, "hp_config", None)
-
     def scaled(name: str, old: float) -> float:
         base = min(old, float(fell.get_hyperparameter(name))) if fell is not None else old
-        lowest = float(space[name].min) if space is not None and name in space.rl_hp_names() else 0.0
+        lowest = range_min(agent, name) or 0.0
         if floor and name in floor:
             lowest = max(lowest, min(old, float(floor[name])))
         return max(base * factor, lowest)

@@ -99,7 +99,7 @@ def decay_factors(members: Sequence, record, fraction: float, since: float) -> l
     outside the search range, or ``algorithm.default_founder: false``) the rate falls to its search range's lower
     end, as the anneal's floor does; a rate nobody searched keeps its value."""
     from evollm.hpo.lone import decay_factor, decay_floor
-    from .revival import learning_rate_names, starting_rates
+    from .revival import learning_rate_names, range_min, starting_rates
 
     start = starting_rates(record) if record is not None else {}
     factors = []
@@ -109,10 +109,8 @@ def decay_factors(members: Sequence, record, fraction: float, since: float) -> l
             factors.append(1.0)
             continue
         own = float(member.get_hyperparameter(names[0]))
-        target = start.get(names[0])
-        if target is None:
-            space = getattr(member, "hp_config", None)
-            target = float(space[names[0]].min) if space is not None and names[0] in space.rl_hp_names() else own
+        target = start.get(names[0], range_min(member, names[0]))
+        target = own if target is None else target
         factors.append(decay_factor(fraction, since, decay_floor(own, target)))
     return factors
 
