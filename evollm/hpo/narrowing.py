@@ -270,6 +270,10 @@ class Narrowing:
             raise ValueError(f"Narrowing.on_tie must be one of {list(ON_TIE)}, got {on_tie!r}")
         if on_flat not in ON_FLAT:
             raise ValueError(f"Narrowing.on_flat must be one of {list(ON_FLAT)}, got {on_flat!r}")
+        if on_flat == "finish" and on_tie == "one_rung":
+            raise ValueError("Narrowing.on_flat='finish' and on_tie='one_rung' contradict each other on a cut whose "
+                             "scores are all equal (finish the schedule, or narrow one rung and measure again): "
+                             "choose one")
         if revive_rate not in REVIVE_RATES:
             raise ValueError(f"Narrowing.revive_rate must be one of {list(REVIVE_RATES)}, got {revive_rate!r}")
         if tiebreak not in TIEBREAKS:

@@ -292,6 +292,8 @@ def test_on_flat_finish_acts_on_every_milestone_left_when_every_score_is_equal()
     assert [a.index for a in kept] == [3, 5, 6, 7] and plain.passed == 1 and not plain.flat
     with pytest.raises(ValueError, match="on_flat must be one of"):
         Narrowing(on_flat="stop")
+    with pytest.raises(ValueError, match="contradict each other"):
+        Narrowing(on_flat="finish", on_tie="one_rung")
 
 
 def test_a_cut_within_tie_se_standard_errors_is_tied_and_cuts_one_rung():
