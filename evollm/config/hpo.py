@@ -234,13 +234,6 @@ class NarrowingSection(Section):
                         "as they are.",
                         choices=("none", "cosine"))
 
-    on_flat: str = option("cut", "What a cut does when every member scored the same (no member's training shows "
-                          "in the held-out evaluation yet, as in a game's greedy play over its first dozens of steps): "
-                          "`cut` acts on the fractions of `at` due, the tie-break choosing; `finish` acts on every "
-                          "fraction left at once, so the tie-break's first (the default founder's lineage) trains on "
-                          "alone from there instead of sharing the budget with members no ranking could tell apart.",
-                          choices=("cut", "finish"))
-
     def build(self):
         """The :class:`~evollm.hpo.narrowing.Narrowing`, or ``None`` when ``at`` is empty."""
         if not self.at:
@@ -255,7 +248,7 @@ class NarrowingSection(Section):
                              on_tie=self.on_tie, tiebreak=self.tiebreak, tie_se=self.tie_se, anneal=self.anneal,
                              anneal_lr=self.anneal_lr, max_anneals=self.max_anneals, anneal_share=self.anneal_share,
                              anneal_floor=self.anneal_floor, wait_se=self.wait_se, wait_until=self.wait_until, pair_cut=self.pair_cut,
-                             decay=self.decay, on_flat=self.on_flat)
+                             decay=self.decay)
         except ValueError as e:
             raise ConfigError(f"hpo.narrowing: {e}") from e
 

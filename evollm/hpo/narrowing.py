@@ -29,8 +29,6 @@ def narrowed_size(size: int, keep: float, min_size: int) -> int:
 
 #: what a ranking does when its deepest due cut falls between equal scores (``Narrowing.on_tie``)
 ON_TIE = ("cut", "one_rung")
-#: what a cut does when every member scored the same (``Narrowing.on_flat``)
-ON_FLAT = ("cut", "finish")
 #: what orders equal scores at a cut (``Narrowing.tiebreak``)
 TIEBREAKS = ("default_first", "reward")
 #: the learning rates a stall swap's reserve trains on (``Narrowing.revive_rate``)
@@ -221,15 +219,6 @@ class Narrowing:
             keep the rate the cuts found. It replaces the ``anneal``, which does not act while it is on (both
             halved the falling rates again on the plateaus the fall made). Default ``"none"``.
 
-        on_flat: what a cut does when every member scored the same (:meth:`is_flat`: no member's training
-            shows in the held-out evaluation yet). ``"cut"`` acts on the milestones due, the tie-break choosing;
-            ``"finish"`` acts on every milestone left at once, so the tie-break's first (the default founder's
-            lineage) trains on alone from there (the others released; the best of them kept as the stall swap's
-            reserve). Why: on the guess-the-number game greedy play is flat for the first 40-90 steps, so each rung
-            of 8 -> 4 -> 2 -> 1 fell between equal scores (44 of 48 cuts on 16 runs), kept the default founder's
-            lineage on the tie-break and only cost its steps; on the other tasks measured, a flat cut that left
-            more than one member never came (benchmarks/README.md, HPO section). Default ``"cut"``.
-
     A milestone is acted on at the first step that has a fresh ranking (an evaluation, or any step
     when the selection ranks on training rewards) at or after it. Several milestones crossed at once
     narrow several times. The state (milestones passed, budget time spent) is saved with run
@@ -244,7 +233,7 @@ class Narrowing:
                  tie_se: float = 0.0, anneal: bool = True, anneal_lr: float = ANNEAL_LR,
                  max_anneals: int = MAX_ANNEALS, anneal_share: float = ANNEAL_SHARE, wait_se: float = 0.0,
                  wait_until: Optional[float] = None, revive_rate: str = "between", pair_cut: bool = False,
-                 anneal_floor: str = "start", decay: str = "none", on_flat: str = "cut") -> None:
+                 anneal_floor: str = "start", decay: str = "none") -> None:
         at = [float(a) for a in at]
         if not at:
             raise ValueError("Narrowing.at must name at least one fraction of the budget")
@@ -268,12 +257,6 @@ class Narrowing:
             raise ValueError(f"Narrowing.max_rollbacks must be >= 0, got {max_rollbacks!r}")
         if on_tie not in ON_TIE:
             raise ValueError(f"Narrowing.on_tie must be one of {list(ON_TIE)}, got {on_tie!r}")
-        if on_flat not in ON_FLAT:
-            raise ValueError(f"Narrowing.on_flat must be one of {list(ON_FLAT)}, got {on_flat!r}")
-        if on_flat == "finish" and on_tie == "one_rung":
-            raise ValueError("Narrowing.on_flat='finish' and on_tie='one_rung' contradict each other on a cut whose "
-                             "scores are all equal (finish the schedule, or narrow one rung and measure again): "
-                             "choose one")
         if revive_rate not in REVIVE_RATES:
             raise ValueError(f"Narrowing.revive_rate must be one of {list(REVIVE_RATES)}, got {revive_rate!r}")
         if tiebreak not in TIEBREAKS:
@@ -305,8 +288,6 @@ class Narrowing:
         self.rollback, self.decline, self.decline_se = bool(rollback), float(decline), float(decline_se)
         self.rollback_lr, self.max_rollbacks = float(rollback_lr), int(max_rollbacks)
         self.on_tie, self.tiebreak, self.tie_se = on_tie, tiebreak, float(tie_se)
-        self.on_flat = on_flat
-        self.flat = False  # whether the last cut found every score equal and finished the schedule (on_flat)
         self.anneal, self.anneal_lr, self.max_anneals = bool(anneal), float(anneal_lr), int(max_anneals)
         self.anneal_share, self.anneal_floor = float(anneal_share), anneal_floor
         self.wait_se = float(wait_se)
@@ -371,13 +352,9 @@ class Narrowing:
             return (higher_first(score(agent)), second, int(agent.index))
 
         ranked = sorted(population, key=key)
-        self.deferred = 0
-        self.flat = self.on_flat == "finish" and milestones < self.remaining and self.is_flat(
-            [score(a) for a in population])
-        if self.flat:  # nothing to rank on: the tie-break's first trains on alone, at no further cost
-            milestones = self.remaining
         size = self.target(len(population), milestones)
-        if not self.flat and self.on_tie == "one_rung" and self.target(len(population), 1) > size > 0 and self.is_tied(
+        self.deferred = 0
+        if self.on_tie == "one_rung" and self.target(len(population), 1) > size > 0 and self.is_tied(
                 ranked[:size], ranked[size:], score, stderr):
             self.deferred = milestones - 1  # no evidence for the deeper cut: one rung now, the rest at the next ranking
             milestones, size = 1, self.target(len(population), 1)
@@ -390,21 +367,6 @@ class Narrowing:
             chosen = better if len(better) >= self.min_size else ranked[:max(self.min_size, 1)]
         best = {id(a) for a in chosen}
         return [a for a in population if id(a) in best], [a for a in population if id(a) not in best]
-
-    @staticmethod
-    def is_flat(scores: Sequence[float]) -> bool:
-        """Whether a ranking carries no information at all: at least two finite scores, every one the same
-        (a quarantined member's ``-inf`` and an unevaluated ``nan`` left out).
-
-        >>> Narrowing.is_flat([0.25, 0.25, 0.25, float("-inf")])
-        True
-        >>> Narrowing.is_flat([0.25, 0.25, 0.28])
-        False
-        >>> Narrowing.is_flat([0.25])
-        False
-        """
-        finite = [float(s) for s in scores if math.isfinite(float(s))]
-        return len(finite) >= 2 and max(finite) == min(finite)
 
     def tie_key(self) -> Callable[[Any], float]:
         """The tie-break ``tiebreak`` names: :func:`tie_rank` or :func:`recent_reward`."""
@@ -475,7 +437,7 @@ class Narrowing:
                 f"max_rollbacks={self.max_rollbacks}, on_tie={self.on_tie!r}, tiebreak={self.tiebreak!r}, "
                 f"tie_se={self.tie_se}, anneal={self.anneal}, anneal_lr={self.anneal_lr}, max_anneals={self.max_anneals}, "
                 f"anneal_share={self.anneal_share}, anneal_floor={self.anneal_floor!r}, wait_se={self.wait_se}, wait_until={self.wait_until}, "
-                f"pair_cut={self.pair_cut}, decay={self.decay!r}, on_flat={self.on_flat!r})")
+                f"pair_cut={self.pair_cut}, decay={self.decay!r})")
 
     @property
     def finished(self) -> bool:

@@ -124,15 +124,13 @@ class Population:
         self.members = list(result.population)
 
     def record_narrowing(self, result, step: int, fraction: float, stderr: dict[int, float] | None = None,
-                         source: str = "last", tied: bool | None = None, deferred: int = 0, waited: int = 0,
-                         flat: bool = False) -> None:
+                         source: str = "last", tied: bool | None = None, deferred: int = 0, waited: int = 0) -> None:
         """A narrowing of the population (``result.dropped`` released for good, ``result.population``
         kept as they are) at ``fraction`` of the budget; ``tied``: the cut fell between equal scores;
         ``deferred``: milestones due that it left for the next evaluation (``hpo.narrowing.on_tie``);
-        ``waited``: rankings it waited for a member to learn (``hpo.narrowing.wait_se``); ``flat``: every
-        score was equal and the cut finished the schedule (``hpo.narrowing.on_flat: finish``)."""
+        ``waited``: rankings it waited for a member to learn (``hpo.narrowing.wait_se``)."""
         self._selection_row("narrowing", result, step, stderr, source, budget_fraction=float(fraction), tied=tied,
-                            deferred=int(deferred), waited=int(waited), flat=bool(flat))
+                            deferred=int(deferred), waited=int(waited))
         self.members = list(result.population)
 
     def record_revival(self, result, step: int, fraction: float, no_signal: float, reason: str = "stall",
@@ -262,8 +260,7 @@ class Population:
         and ``tied`` (narrowings: whether the cut fell between equal scores, so that the tie-break, not the
         measurement, chose which members went on) and ``deferred`` (narrowings: milestones due that the cut
         left for the next evaluation, ``hpo.narrowing.on_tie: one_rung``) and ``waited`` (narrowings: rankings the
-        cut waited for a member to learn, ``hpo.narrowing.wait_se``) and ``flat`` (narrowings: every score was equal and
-        the cut finished the schedule, ``hpo.narrowing.on_flat: finish``)."""
+        cut waited for a member to learn, ``hpo.narrowing.wait_se``)."""
         return typed(pd.DataFrame(self.selection_rows), SELECTION_DTYPES)
 
     def lineage(self) -> pd.DataFrame:
@@ -365,7 +362,7 @@ SELECTION_DTYPES = {"step": "int64", "generation": "int64", "kind": "string", "s
                     "stderr": "float64", "snr": "float64", "paired_stderr": "float64",
                     "paired_snr": "float64", "kept": "string", "dropped": "string",
                     "scores": "string", "protected": "string", "budget_fraction": "float64", "tied": "boolean",
-                    "deferred": "Int64", "waited": "Int64", "flat": "boolean", "no_signal": "float64", "reason": "string", "rates": "string"}
+                    "deferred": "Int64", "waited": "Int64", "no_signal": "float64", "reason": "string", "rates": "string"}
 METRICS_DTYPES = {"step": "int64", "generation": "int64", "member": "int64", "gen_tokens": "Int64"}
 
 

@@ -65,7 +65,7 @@ def narrow_population(agents: list, narrowing, step: int, max_steps: int, max_ti
                              best_index=int(best.index), protected=protected)
     tied = narrowing.is_tied(kept, dropped, rank, error)
     record.record_narrowing(result, step, fraction, stderr, source=getattr(tournament, "fitness", "last"), tied=tied,
-                            deferred=narrowing.deferred, waited=waited, flat=narrowing.flat)
+                            deferred=narrowing.deferred, waited=waited)
     for agent in park_runner_up(dropped, lambda a: ranks[int(a.index)], narrowing, len(kept), tournament, record):
         agent.release()
     if log is not None:
@@ -82,9 +82,6 @@ def narrow_population(agents: list, narrowing, step: int, max_steps: int, max_ti
             tie += f"; it waited {waited} ranking(s) for a member to learn (hpo.narrowing.wait_se)"
         if narrowing.deferred:
             tie += f"; {narrowing.deferred} more milestone(s) wait for the next ranking (hpo.narrowing.on_tie: one_rung)"
-        if narrowing.flat:
-            tie += (f"; every member scored the same, so every milestone left acted at once and {len(kept)} "
-                    "member(s) train on (hpo.narrowing.on_flat: finish)")
         if pair:
             tie += ("; a selection among the last two members was due, so it is the last cut "
                     "(hpo.narrowing.pair_cut)")

@@ -316,11 +316,6 @@ def test_default_narrowing_applies_to_evolving_populations_only():
     assert build_narrowing(load({**EVO, **eight}, ["hpo.narrowing.tie_se=1"])).tie_se == 1.0
     assert not narrowing.pair_cut and build_narrowing(load({**EVO, **eight}, ["hpo.narrowing.pair_cut=true"])).pair_cut
     assert narrowing.decay == "none" and build_narrowing(load({**EVO, **eight}, ["hpo.narrowing.decay=cosine"])).decay == "cosine"
-    assert narrowing.on_flat == "cut" and build_narrowing(load({**EVO, **eight}, ["hpo.narrowing.on_flat=finish"])).on_flat == "finish"
-    with pytest.raises(ConfigError, match=r"^hpo.narrowing: Narrowing.on_flat='finish' and on_tie='one_rung' contradict"):
-        load({**EVO, **eight}, ["hpo.narrowing.on_flat=finish", "hpo.narrowing.on_tie=one_rung"])
-    with pytest.raises(ConfigError, match=r"hpo.narrowing.on_flat='stop' is not valid; .*\['cut', 'finish'\]"):
-        load({**EVO, **eight}, ["hpo.narrowing.on_flat=stop"])
     assert (narrowing.anneal, narrowing.anneal_lr, narrowing.max_anneals, narrowing.anneal_share,
             narrowing.anneal_floor) == (True, 0.5, 2, 0.1, "start")
     assert not build_narrowing(load({**EVO, **eight}, ["hpo.narrowing.anneal=false"])).anneal

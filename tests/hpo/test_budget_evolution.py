@@ -271,31 +271,6 @@ def test_one_rung_on_a_tie_cuts_a_step_at_a_time_until_the_scores_differ():
     assert [a.index for a in kept] == [7] and n.finished
 
 
-def test_on_flat_finish_acts_on_every_milestone_left_when_every_score_is_equal():
-    """on_flat="finish": a cut whose ranking gives every member the same score (the game's greedy play in its
-    first dozens of steps) acts on every milestone left, so the tie-break's first, the default founder's
-    lineage, trains on alone; one score apart, or with on_flat="cut", a cut narrows by the milestones due."""
-    pop = [Stub(i, scores=[0.1 * i]) for i in range(8)]
-    pop[3].default_founder = True
-    n = Narrowing(on_flat="finish")
-    assert n.due(0.07) == 1
-    kept, dropped = n.narrow(pop, lambda a: 0.25, n.due(0.07), tiebreak=n.tie_key())
-    assert [a.index for a in kept] == [3] and len(dropped) == 7 and n.finished and n.flat
-    assert Narrowing.is_flat([0.25, 0.25, -math.inf]) and not Narrowing.is_flat([0.25, math.nan])
-    n = Narrowing(on_flat="finish")  # one member ahead by one question: a ranking, cut as usual (8 -> 4)
-    kept, _ = n.narrow(pop, lambda a: 0.28 if a.index == 5 else 0.25, n.due(0.07), tiebreak=n.tie_key())
-    assert [a.index for a in kept] == [3, 5, 6, 7] and n.passed == 1 and not n.flat
-    kept, _ = n.narrow(kept, lambda a: 0.3, n.due(0.12), tiebreak=n.tie_key())  # flat at the next cut: 4 -> 1
-    assert [a.index for a in kept] == [3] and n.finished and n.flat
-    plain = Narrowing()  # the default: the milestone due, the tie-break choosing (8 -> 4)
-    kept, _ = plain.narrow(pop, lambda a: 0.25, plain.due(0.07), tiebreak=plain.tie_key())
-    assert [a.index for a in kept] == [3, 5, 6, 7] and plain.passed == 1 and not plain.flat
-    with pytest.raises(ValueError, match="on_flat must be one of"):
-        Narrowing(on_flat="stop")
-    with pytest.raises(ValueError, match="contradict each other"):
-        Narrowing(on_flat="finish", on_tie="one_rung")
-
-
 def test_a_cut_within_tie_se_standard_errors_is_tied_and_cuts_one_rung():
     """tie_se: scores closer than tie_se standard errors of their difference count as tied. SmolLM2's first
     ranking of one seed (40 questions): 0.15 kept against 0.10 dropped, standard errors 0.057 and 0.048, is

@@ -86,23 +86,6 @@ def test_a_tied_ranking_with_one_rung_on_ties_narrows_one_milestone_at_a_time(ca
     assert sorted(set(record.report()["step"])) == [1, 6, 9]
 
 
-def test_with_on_flat_finish_a_cut_on_equal_scores_leaves_the_default_founder_alone(capsys):
-    """Every member of the untrained tiny model scores 0. With on_flat finish the one milestone due at the
-    first evaluation (step 2 of 6) finishes the schedule there (4 -> 1): the default founder (member 0) trains on
-    alone, and the record and the log say why; with the default, 4 -> 2 there and 2 -> 1 later."""
-    _, record = _run(narrowing=Narrowing(at=(0.3, 0.6, 0.9), keep=0.5, on_flat="finish"), verbose=True)
-    rows = record.selections().query("kind == 'narrowing'")
-    assert [(int(r.step), int(r.size_before), int(r.size_after)) for r in rows.itertuples()] == [(2, 4, 1)]
-    assert rows["flat"].all() and rows["tied"].all()
-    assert [int(m) for m in rows["kept"].iloc[0].split()] == [0]
-    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("narrowing at step 2"))
-    assert "every member scored the same" in line and "hpo.narrowing.on_flat: finish" in line
-    _, record = _run(narrowing=Narrowing(at=(0.3, 0.6, 0.9), keep=0.5))
-    rows = record.selections().query("kind == 'narrowing'")
-    assert [(int(r.size_before), int(r.size_after)) for r in rows.itertuples()] == [(4, 2), (2, 1)]
-    assert not rows["flat"].any()
-
-
 def test_with_pair_cut_a_selection_among_the_last_two_members_is_the_last_cut(capsys):
     """Without pair_cut the cut to two members at step 2 is followed, on the same ranking, by a selection that
     replaces the loser with a mutated clone of the winner, and the member and its clone race to the cut at 80 %
