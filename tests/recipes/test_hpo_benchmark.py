@@ -468,3 +468,28 @@ def test_cut_evidence_replays_a_rule_that_keeps_the_default_founder_on_weak_lead
     # k = 1 keeps every cut as it was; k = 3 keeps the default founder on seed 0: [0, 0.2, -0.02]
     assert out[-1] == \
         "| t | 3 | +0.027 ± 0.090 | 1: -0.020 | 0 (+0.00); +0.027 ± 0.090 | 1 (-0.10); +0.060 ± 0.070 |"
+
+
+def test_flat_cuts_counts_the_cuts_with_nothing_to_rank_on_that_leave_more_than_one_member(tmp_path, capsys):
+    """benchmarks.hpo.flat_cuts: per task, the evollm runs' cuts, the flat ones (every score equal) that left more
+    than one member, the runs with one and, of those, the runs returned at the default founder's rate; a run
+    kept in two files counts once, other arms and files that are not results are left out."""
+    from benchmarks.hpo.flat_cuts import flat_cuts, main
+
+    def evo(seed, cuts, final_lr):
+        rankings = [{"kind": "narrowing", "spread": spread, "size_after": after} for spread, after in cuts]
+        rankings.append({"kind": "selection", "spread": 0.0, "size_after": 4})  # not a cut
+        return {**_run("evollm", seed, [0.5]), "founders": [{"lr": 1e-4}, {"lr": 5e-4}], "rankings": rankings,
+                "final_members": [{"lr": final_lr}]}
+
+    runs = [evo(0, [(0.0, 4), (0.0, 2), (0.0, 1)], 1e-4),  # two flat cuts leaving more than one, the default rate
+            evo(1, [(0.0, 2), (0.02, 1)], 5e-4),           # one, another rate returned
+            evo(2, [(0.03, 4), (0.01, 2), (0.0, 1)], 1e-4),  # the flat cut left one member: not counted
+            {**_run("default", 0, [0.4]), "rankings": [{"kind": "narrowing", "spread": 0.0, "size_after": 2}]}]
+    for name in ("hpo_game_ppo.json", "hpo_game_ppo_again.json"):
+        (tmp_path / name).write_text(json.dumps({"runs": runs}))
+    (tmp_path / "hpo_notes.json").write_text("[1, 2]")
+    paths = [str(p) for p in sorted(tmp_path.glob("*.json"))]
+    assert flat_cuts(paths) == {"game_ppo": {"cuts": 8, "flat": 3, "runs": 2, "at_default": 1}}
+    main(paths)
+    assert capsys.readouterr().out.splitlines()[-1] == "| game_ppo | 8 | 3 | 2 | 1 |"
