@@ -201,6 +201,7 @@ class IPPOTeam(Member):
     config_cls: ClassVar[type] = IPPOConfig
     #: teams take their ids from their own space on the shared base (their agents are members there)
     ID_SPACE: ClassVar[str] = "team"
+    HAS_CRITIC: ClassVar[bool] = True
 
     def __init__(self, model: torch.nn.Module, tokenizer=None, *, pad_token_id: int | None = None,
                  pad_token: str | None = None, eos_token_id: int | None = None, config: IPPOConfig | None = None,

@@ -36,6 +36,9 @@ class Member:
 
     #: the id space of the shared base this kind of member takes its ``index`` from
     ID_SPACE: ClassVar[str] = "member"
+    #: whether the member learns a critic (a value function) beside its policy: actor-critic members (LLMPPO,
+    #: IPPO teams) get ``hpo.narrowing.decay: auto``'s schedule
+    HAS_CRITIC: ClassVar[bool] = False
 
     index: int
     hp_config: Any

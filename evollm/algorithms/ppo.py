@@ -105,6 +105,7 @@ class LLMPPO(EpisodeAgent):
     """
 
     config_cls = LLMPPOConfig
+    HAS_CRITIC = True
     ROLES = ("actor", "critic")
     MUTABLE = ("lr", "lr_actor", "lr_critic", "clip_coef", "clip_low", "clip_high", "value_clip", "vf_coef", "ent_coef",
                "gamma", "gae_lambda", "beta", "update_epochs", "batch_size", "temperature", "top_p", "top_k",

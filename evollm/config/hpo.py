@@ -224,15 +224,18 @@ class NarrowingSection(Section):
                             "REINFORCE +0.026, the game +0.017, chain_calc -0.020 +- 0.008 (32 seeds), so an option "
                             "(benchmarks/README.md, HPO section).")
 
-    decay: str = option("none", "`cosine`: after the last cut the members left (the lone member) train at their "
+    decay: str = option("auto", "`cosine`: after the last cut the members left (the lone member) train at their "
                         "learning rates times a factor that falls along a half cosine, over the budget left, to the rate "
                         "the run started from (the default founder's; a member at or below it keeps its rate): the rate "
                         "the cuts found, then the starting one, as a schedule instead of a step. Scales the optimizer's "
                         "groups (a PPO critic's too), like train.lr_cooldown, and combines with it; replaces `anneal`, which "
                         "does not act while it is on. Without a default founder (algorithm.default_founder, or starting values "
-                        "outside the search range) it falls to the range's lower end. `none` (default) keeps the rates "
-                        "as they are.",
-                        choices=("none", "cosine"))
+                        "outside the search range) it falls to the range's lower end. `auto` (default): `cosine` for "
+                        "members that learn a critic (LLMPPO, IPPO teams), `none` for the others (GRPO, REINFORCE): "
+                        "side by side with the anneal, the decay lifted every actor-critic task measured and cost the "
+                        "arithmetic tasks (benchmarks/README.md, \"The decay for actor-critic members\"). `none` keeps "
+                        "the rates as they are (the anneal acts).",
+                        choices=("auto", "none", "cosine"))
 
     def build(self):
         """The :class:`~evollm.hpo.narrowing.Narrowing`, or ``None`` when ``at`` is empty."""

@@ -26,7 +26,7 @@ MAX_ANNEALS = 2
 #: share of the budget a plateau must last before an anneal, at least ``patience`` evaluations (``Narrowing.anneal_share``)
 ANNEAL_SHARE = 0.1
 #: how the learning rates of the members left after the last cut fall to the run's starting rates (``Narrowing.decay``)
-DECAYS = ("none", "cosine")
+DECAYS = ("auto", "none", "cosine")
 
 
 @functools.lru_cache(maxsize=None)
@@ -200,6 +200,20 @@ def stalled(fitness: Sequence[float], no_signal: Sequence[bool], patience: int =
     False
     """
     return plateaued(fitness, patience) and lacks_signal(no_signal, share)
+
+
+def decays(decay: str, member) -> bool:
+    """Whether ``member``'s rates follow the decay (``Narrowing.decay``): always with ``"cosine"``, never with
+    ``"none"``, and with ``"auto"`` where the member learns a critic (``HAS_CRITIC``: LLMPPO, IPPO teams). Side by
+    side with the anneal it replaces, the decay lifted every actor-critic task measured and cost the GRPO and
+    REINFORCE arithmetic tasks (benchmarks/README.md, "The decay for actor-critic members").
+
+    >>> class Actor: HAS_CRITIC = False
+    >>> class ActorCritic: HAS_CRITIC = True
+    >>> decays("auto", ActorCritic()), decays("auto", Actor()), decays("cosine", Actor()), decays("none", ActorCritic())
+    (True, False, True, False)
+    """
+    return decay == "cosine" or (decay == "auto" and bool(getattr(member, "HAS_CRITIC", False)))
 
 
 def decay_factor(fraction: float, since: float, floor: float) -> float:

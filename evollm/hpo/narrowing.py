@@ -217,7 +217,11 @@ class Narrowing:
             at or below that rate keeps its rate. The factor
             scales the optimizer's groups (critic too), as ``train.lr_cooldown`` does, so the hyperparameters
             keep the rate the cuts found. It replaces the ``anneal``, which does not act while it is on (both
-            halved the falling rates again on the plateaus the fall made). Default ``"none"``.
+            halved the falling rates again on the plateaus the fall made). ``"auto"`` (the default): the decay
+            for members that learn a critic (LLMPPO, IPPO teams; :func:`~evollm.hpo.lone.decays`), the anneal for
+            the others: side by side with the anneal, the decay lifted chain_calc, the game with LLMPPO and the
+            relay, and cost the GRPO and REINFORCE arithmetic tasks (benchmarks/README.md, "The decay for
+            actor-critic members"). ``"none"``: the anneal for every member.
 
     A milestone is acted on at the first step that has a fresh ranking (an evaluation, or any step
     when the selection ranks on training rewards) at or after it. Several milestones crossed at once
@@ -233,7 +237,7 @@ class Narrowing:
                  tie_se: float = 0.0, anneal: bool = True, anneal_lr: float = ANNEAL_LR,
                  max_anneals: int = MAX_ANNEALS, anneal_share: float = ANNEAL_SHARE, wait_se: float = 0.0,
                  wait_until: Optional[float] = None, revive_rate: str = "between", pair_cut: bool = False,
-                 anneal_floor: str = "start", decay: str = "none") -> None:
+                 anneal_floor: str = "start", decay: str = "auto") -> None:
         at = [float(a) for a in at]
         if not at:
             raise ValueError("Narrowing.at must name at least one fraction of the budget")

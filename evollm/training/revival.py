@@ -20,7 +20,8 @@ import statistics
 from typing import Callable, Sequence
 
 from evollm.hpo.defaults import DEFAULT_EVOLVED, LEARNING_RATES
-from evollm.hpo.lone import declined, failing_alike, lacks_signal, plateau_patience, plateaued, rate_between, stalled
+from evollm.hpo.lone import (decays, declined, failing_alike, lacks_signal, plateau_patience, plateaued, rate_between,
+                             stalled)
 from evollm.hpo.narrowing import budget_fraction
 from evollm.run.population import Population, describe_rates
 from .quarantine import healthy
@@ -350,19 +351,21 @@ def anneal_plateaued(agents: list, narrowing, tournament, record: Population, st
     ``narrowing.anneal_lr`` (:func:`scaled_learning_rates`: not below their search range; with
     ``narrowing.anneal_floor == "start"`` not below the rates the run started from, :func:`starting_rates`), at most
     ``narrowing.max_anneals`` times per run. Recorded as a ``revival`` row with ``reason == "anneal"`` (the
-    member stays: the row's ``kept``). Not with ``narrowing.decay`` (the rates fall on a schedule already; both
+    member stays: the row's ``kept``). Not for a member ``narrowing.decay`` applies to (:func:`~evollm.hpo.lone.decays`:
+    its rates fall on a schedule already; both
     together halved the falling rates again on the plateaus the fall itself made: tiny GRPO -0.044 +- 0.018).
     Returns the members to train on (the same ones)."""
     from evollm.hpo.selection import SelectionResult
 
-    if (not narrowing.anneal or narrowing.decay != "none" or not narrowing.finished
+    if (not narrowing.anneal or not narrowing.finished
             or not trains_alone(len(agents), tournament)
             or step >= max_steps or revivals(record, "anneal") >= narrowing.max_anneals):
         return agents
     start = starting_fitness(record)
     floor = starting_rates(record) if narrowing.anneal_floor == "start" else None
     for agent in agents:
-        if getattr(agent, "quarantined", False) or revivals(record, "anneal") >= narrowing.max_anneals:
+        if (getattr(agent, "quarantined", False) or revivals(record, "anneal") >= narrowing.max_anneals
+                or decays(narrowing.decay, agent)):
             continue
         fitness = fitness_since_change(record, int(agent.index))
         fraction = budget_fraction(step, max_steps, narrowing.elapsed_s, max_time)

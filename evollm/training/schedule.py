@@ -73,22 +73,26 @@ def apply_lr_factor(members: Sequence, factor: float) -> None:
 def cool_down(agents: list, settings, done: int, elapsed: float, record=None) -> None:
     """Every member's param groups at its rates times the factor of the budget spent after ``done`` steps
     (``elapsed`` seconds on the budget's clock; ``settings``: the loop's): ``train.lr_cooldown``'s
-    (:func:`cooldown_factor`), times, once the narrowing's schedule is finished and ``hpo.narrowing.decay`` is
-    ``"cosine"``, the decay's (:func:`decay_factors`; ``record``: the run's, for the rates it started from)."""
+    (:func:`cooldown_factor`), times, once the narrowing's schedule is finished, for each member that
+    ``hpo.narrowing.decay`` applies to (:func:`~evollm.hpo.lone.decays`: every member with ``"cosine"``, those with a
+    critic with ``"auto"``), the decay's (:func:`decay_factors`; ``record``: the run's, for the rates it started
+    from)."""
+    from evollm.hpo.lone import decays
+
     narrowing = settings.narrowing
-    decaying = narrowing is not None and narrowing.decay != "none" and narrowing.finished
-    if not settings.lr_cooldown > 0 and not decaying:
+    decaying = [narrowing is not None and narrowing.finished and decays(narrowing.decay, m) for m in agents]
+    if not settings.lr_cooldown > 0 and not any(decaying):
         return
     from evollm.hpo.narrowing import budget_fraction
     fraction = dist.broadcast_object(budget_fraction(done, settings.max_steps, elapsed, settings.max_time))
     factor = cooldown_factor(fraction, settings.lr_cooldown, settings.lr_cooldown_floor)
-    if not decaying:
+    if not any(decaying):
         apply_lr_factor(agents, factor)
         return
     if narrowing.lone_since is None:  # the first step after the last cut: the decay starts here
         narrowing.lone_since = float(fraction)
-    for member, decay in zip(agents, decay_factors(agents, record, fraction, narrowing.lone_since)):
-        apply_lr_factor([member], factor * decay)
+    for member, decay, on in zip(agents, decay_factors(agents, record, fraction, narrowing.lone_since), decaying):
+        apply_lr_factor([member], factor * decay if on else factor)
 
 
 def decay_factors(members: Sequence, record, fraction: float, since: float) -> list[float]:

@@ -28,8 +28,8 @@ def test_the_factor_by_hand():
 
 
 def test_settings_and_state():
-    assert Narrowing().decay == "none"  # off until measured
-    with pytest.raises(ValueError, match=r"decay must be one of \['none', 'cosine'\], got 'linear'"):
+    assert Narrowing().decay == "auto"  # actor-critic members decay, the others anneal
+    with pytest.raises(ValueError, match=r"decay must be one of \['auto', 'none', 'cosine'\], got 'linear'"):
         Narrowing(decay="linear")
     n = Narrowing(decay="cosine")
     n.lone_since = 0.21
@@ -87,6 +87,30 @@ def test_the_lone_member_falls_from_its_rate_to_the_start_along_a_cosine():
         want = decay_factor(step / 8, 1 / 8, 0.25)
         assert lr == 4e-3 and factor == pytest.approx(want) and group_lr == pytest.approx(4e-3 * want)
     assert [round(f, 3) for *_, f in fast.seen] == [1.0, 0.963, 0.859, 0.708, 0.542, 0.391, 0.287, 0.25]  # 0.25 + 0.375 (1 + cos(pi (s - 1) / 7))
+
+
+def test_auto_decays_the_members_with_a_critic_only():
+    """``auto`` (the default) follows the member's class: LLMPPO and IPPO teams learn a critic and decay; GRPO and
+    REINFORCE members keep their rates (the anneal acts for them); ``cosine`` and ``none`` for every member."""
+    from evollm.algorithms import GRPO, LLMPPO, LLMREINFORCE, IPPOAgent, IPPOTeam
+    from evollm.hpo.lone import decays
+
+    assert [decays("auto", cls) for cls in (LLMPPO, IPPOAgent, IPPOTeam, GRPO, LLMREINFORCE)] == [True] * 3 + [False] * 2
+    assert decays("cosine", GRPO) and not decays("none", LLMPPO)
+
+
+def test_auto_in_the_loop_follows_the_member(monkeypatch):
+    """The loop asks the member: the same GRPO run keeps the lone member's rate under ``auto``, and decays it from
+    4e-3 along the cosine once its class says it learns a critic (the dispatch, not a second algorithm's run)."""
+    from evollm.algorithms import GRPO
+
+    plain = _Fast(4e-3)
+    _run(callbacks=[plain], decay="auto")
+    assert all(g == lr == 4e-3 and f == 1.0 for *_, lr, g, f in plain.seen)
+    monkeypatch.setattr(GRPO, "HAS_CRITIC", True)
+    critic = _Fast(4e-3)
+    _run(callbacks=[critic], decay="auto")
+    assert [round(f, 3) for *_, f in critic.seen] == [1.0, 0.963, 0.859, 0.708, 0.542, 0.391, 0.287, 0.25]
 
 
 def test_off_or_at_the_starting_rate_the_rates_stay():
