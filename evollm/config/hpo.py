@@ -217,12 +217,13 @@ class NarrowingSection(Section):
                             "with 2 (benchmarks/README.md, HPO section): level overall, so off by default.")
     wait_until: float | None = option(None, "With `wait_se`: the fraction of the budget after which a due cut acts "
                                       "anyway (default: the last fraction of `at`).")
-    pair_cut: bool = option(False, "A selection among the last two members, where the schedule goes on to one, is "
+    pair_cut: bool = option(True, "A selection among the last two members, where the schedule goes on to one, is "
                             "that last cut: the loser is released and the winner trains alone from there, instead of "
                             "racing a mutated clone of itself to the next fraction of `at` (a ranking mostly within "
-                            "noise, which halves the lineage's steps until then). Measured: tiny GRPO +0.012, "
-                            "REINFORCE +0.026, the game +0.017, chain_calc -0.020 +- 0.008 (32 seeds), so an option "
-                            "(benchmarks/README.md, HPO section).")
+                            "noise, which halves the lineage's steps until then). On by default since 2026-12-07: with "
+                            "the decay for actor-critic members, chain_calc's loss with it is gone, and over six tasks "
+                            "where it acts it is level or ahead (benchmarks/README.md, \"The last pair again\"). "
+                            "false: the race to the last cut.")
 
     decay: str = option("auto", "`cosine`: after the last cut the members left (the lone member) train at their "
                         "learning rates times a factor that falls along a half cosine, over the budget left, to the rate "

@@ -205,10 +205,11 @@ class Narrowing:
             with its clone (tournament or truncation), so the pair that reaches the last cut is a member and
             its own copy at another rate, a ranking whose paired signal-to-noise was below 1 on most seeds
             (REINFORCE: 8 of 8; benchmarks/README.md, "the ranking's paired noise"), while the pair halves the
-            lineage's steps until that cut (9-10 % of the budget). Default ``False``. Measured side by side with the
-            default (benchmarks/README.md, "The last pair"): tiny GRPO +0.012 +- 0.006 (24 seeds), REINFORCE +0.026
-            +- 0.018 (16), the game +0.017 +- 0.026 (20), chain_calc -0.020 +- 0.008 (32 seeds, 21 behind): on
-            chain_calc the races between a member and its clone drift the rate where it pays, so it stays an option.
+            lineage's steps until that cut (9-10 % of the budget). Default ``True`` (since 2026-12-07; benchmarks/
+            README.md, "The last pair" and "The last pair again"): first measured at tiny GRPO +0.012, REINFORCE
+            +0.026, the game +0.017 and chain_calc -0.020 +- 0.008 (32 seeds, whose races drifted the rate where it
+            paid); with the decay for actor-critic members, on seeds not used before, level or ahead on the six
+            tasks where it acts (chain_calc -0.000 +- 0.005 on 16 seeds, REINFORCE +0.028 +- 0.020).
         decay: ``"cosine"``: once every milestone has been acted on, the members left (the lone member, and
             whoever takes its place after a stall swap or roll-back) train at their learning rates times
             :func:`~evollm.hpo.lone.decay_factor`, which falls along a half cosine from 1 where the last cut
@@ -236,7 +237,7 @@ class Narrowing:
                  decline_se: float = DECLINE_SE, on_tie: str = "cut", tiebreak: str = "default_first",
                  tie_se: float = 0.0, anneal: bool = True, anneal_lr: float = ANNEAL_LR,
                  max_anneals: int = MAX_ANNEALS, anneal_share: float = ANNEAL_SHARE, wait_se: float = 0.0,
-                 wait_until: Optional[float] = None, revive_rate: str = "between", pair_cut: bool = False,
+                 wait_until: Optional[float] = None, revive_rate: str = "between", pair_cut: bool = True,
                  anneal_floor: str = "start", decay: str = "auto") -> None:
         at = [float(a) for a in at]
         if not at:

@@ -314,7 +314,7 @@ def test_default_narrowing_applies_to_evolving_populations_only():
     tie = build_narrowing(load({**EVO, **eight}, ["hpo.narrowing.on_tie=one_rung", "hpo.narrowing.tiebreak=reward"]))
     assert (tie.on_tie, tie.tiebreak, tie.tie_se) == ("one_rung", "reward", 0.0)
     assert build_narrowing(load({**EVO, **eight}, ["hpo.narrowing.tie_se=1"])).tie_se == 1.0
-    assert not narrowing.pair_cut and build_narrowing(load({**EVO, **eight}, ["hpo.narrowing.pair_cut=true"])).pair_cut
+    assert narrowing.pair_cut and not build_narrowing(load({**EVO, **eight}, ["hpo.narrowing.pair_cut=false"])).pair_cut
     assert narrowing.decay == "auto" and build_narrowing(load({**EVO, **eight}, ["hpo.narrowing.decay=cosine"])).decay == "cosine"
     assert (narrowing.anneal, narrowing.anneal_lr, narrowing.max_anneals, narrowing.anneal_share,
             narrowing.anneal_floor) == (True, 0.5, 2, 0.1, "start")

@@ -62,14 +62,16 @@ def test_a_narrowing_says_how_informed_its_ranking_was_and_when_its_cut_fell_bet
 def test_a_tied_ranking_with_one_rung_on_ties_narrows_one_milestone_at_a_time(capsys):
     """Every member of the untrained tiny model scores 0: with on_tie one_rung the three milestones due at the
     first evaluation (step 2 of 6, a third of the budget) narrow 4 -> 2 there, and the log says what waits, and
-    2 -> 1 at the next one; with on_tie cut all of them act at once (4 -> 1)."""
-    _, record = _run(narrowing=Narrowing(at=(0.1, 0.2, 0.3), keep=0.5, on_tie="one_rung"), verbose=True)
+    2 -> 1 at the next one; with on_tie cut all of them act at once (4 -> 1). pair_cut off: with it the selection
+    among the two left at step 2 would be the last cut there."""
+    _, record = _run(narrowing=Narrowing(at=(0.1, 0.2, 0.3), keep=0.5, on_tie="one_rung", pair_cut=False), verbose=True)
     rows = record.selections().query("kind == 'narrowing'")
     assert [(int(r.step), int(r.size_before), int(r.size_after)) for r in rows.itertuples()] == [(2, 4, 2), (4, 2, 1)]
     assert rows["tied"].all() and list(rows["deferred"]) == [2, 0]  # what waited, in selections() too
     first = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("narrowing at step 2"))
     assert "2 more milestone(s) wait for the next ranking" in first
-    _, record = _run(narrowing=Narrowing(at=(0.1, 0.2, 0.3), keep=0.5, on_tie="one_rung", tie_se=1.0), verbose=True)
+    _, record = _run(narrowing=Narrowing(at=(0.1, 0.2, 0.3), keep=0.5, on_tie="one_rung", tie_se=1.0, pair_cut=False),
+                     verbose=True)
     rows = record.selections().query("kind == 'narrowing'")  # every score alike: tied whatever the errors
     assert [(int(r.step), int(r.size_before), int(r.size_after)) for r in rows.itertuples()] == [(2, 4, 2), (4, 2, 1)]
     first = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("narrowing at step 2"))
@@ -79,7 +81,7 @@ def test_a_tied_ranking_with_one_rung_on_ties_narrows_one_milestone_at_a_time(ca
     assert [(int(r.step), int(r.size_before), int(r.size_after)) for r in rows.itertuples()] == [(2, 4, 1)]
     # with evaluate, the deferred milestone does not bring an evaluation forward (to step 2): it waits for the
     # next regular one, at step 6 (step 1's evaluation, brought forward by the first cut, took step 3's place)
-    _, record = _run(narrowing=Narrowing(at=(0.05, 0.1), keep=0.5, on_tie="one_rung", evaluate=True), max_steps=9,
+    _, record = _run(narrowing=Narrowing(at=(0.05, 0.1), keep=0.5, on_tie="one_rung", evaluate=True, pair_cut=False), max_steps=9,
                      evaluation_interval=3, evo_steps=3)
     rows = record.selections().query("kind == 'narrowing'")
     assert [(int(r.step), int(r.size_before), int(r.size_after)) for r in rows.itertuples()] == [(1, 4, 2), (6, 2, 1)]
@@ -87,19 +89,19 @@ def test_a_tied_ranking_with_one_rung_on_ties_narrows_one_milestone_at_a_time(ca
 
 
 def test_with_pair_cut_a_selection_among_the_last_two_members_is_the_last_cut(capsys):
-    """Without pair_cut the cut to two members at step 2 is followed, on the same ranking, by a selection that
+    """With pair_cut false the cut to two members at step 2 is followed, on the same ranking, by a selection that
     replaces the loser with a mutated clone of the winner, and the member and its clone race to the cut at 80 %
     of the budget (step 8). With pair_cut that selection is the last cut: the same winner trains alone from
     step 2, no clone is made, and the log and the record say so."""
     schedule = dict(at=(0.1, 0.8), keep=0.5, revive=False)  # no stall swap: the member kept trains to the end
-    _, base = _run(narrowing=Narrowing(**schedule), max_steps=10)
+    _, base = _run(narrowing=Narrowing(**schedule, pair_cut=False), max_steps=10)
     rows = base.selections()
     cuts = rows.query("kind == 'narrowing'")
     assert [(int(r.step), int(r.size_before), int(r.size_after)) for r in cuts.itertuples()] == [(2, 4, 2), (8, 2, 1)]
     first = rows.query("kind == 'selection'").iloc[0]
     assert int(first["step"]) == 2  # the selection among the two on the cut's own ranking
     assert base.lineage()["parent"].notna().any()  # its clones
-    agents, record = _run(narrowing=Narrowing(**schedule, pair_cut=True), max_steps=10, verbose=True)
+    agents, record = _run(narrowing=Narrowing(**schedule), max_steps=10, verbose=True)  # the default: pair_cut
     rows = record.selections()
     cuts = rows.query("kind == 'narrowing'")
     assert [(int(r.step), int(r.size_before), int(r.size_after)) for r in cuts.itertuples()] == [(2, 4, 2), (2, 2, 1)]
@@ -107,8 +109,8 @@ def test_with_pair_cut_a_selection_among_the_last_two_members_is_the_last_cut(ca
     assert [int(a.index) for a in agents] == [int(cuts.iloc[1]["best"])] == [int(first["best"])]
     line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("narrowing at step 2") and "pair_cut" in x)
     assert "a selection among the last two members was due, so it is the last cut" in line
-    assert Narrowing(**schedule, pair_cut=True).cuts_pair(2) and not Narrowing(**schedule).cuts_pair(2)
-    assert not Narrowing(**schedule, pair_cut=True, min_size=2).cuts_pair(2)  # the schedule never goes to one
+    assert Narrowing(**schedule).cuts_pair(2) and not Narrowing(**schedule, pair_cut=False).cuts_pair(2)
+    assert not Narrowing(**schedule, min_size=2).cuts_pair(2)  # the schedule never goes to one
 
 
 def test_a_clock_of_the_callers_own_drives_the_budget_and_the_narrowing(capsys):
