@@ -209,7 +209,7 @@ class Narrowing:
             README.md, "The last pair" and "The last pair again"): first measured at tiny GRPO +0.012, REINFORCE
             +0.026, the game +0.017 and chain_calc -0.020 +- 0.008 (32 seeds, whose races drifted the rate where it
             paid); with the decay for actor-critic members, on seeds not used before, level or ahead on the six
-            tasks where it acts (chain_calc -0.000 +- 0.005 on 16 seeds, REINFORCE +0.028 +- 0.020).
+            tasks where it acts (chain_calc -0.000 +- 0.005 on 16 seeds, REINFORCE +0.016 +- 0.012, tiny GRPO -0.013).
         decay: ``"cosine"``: once every milestone has been acted on, the members left (the lone member, and
             whoever takes its place after a stall swap or roll-back) train at their learning rates times
             :func:`~evollm.hpo.lone.decay_factor`, which falls along a half cosine from 1 where the last cut
