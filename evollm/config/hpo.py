@@ -224,6 +224,11 @@ class NarrowingSection(Section):
                             "the decay for actor-critic members, chain_calc's loss with it is gone, and over six tasks "
                             "where it acts it is level or ahead (benchmarks/README.md, \"The last pair again\"). "
                             "false: the race to the last cut.")
+    slow_se: float = option(0.0, "At a cut, a member whose learning rate is below the run's starting one (the default "
+                            "founder's) ranks below every faster member unless it scores above the best of them by "
+                            "this many standard errors of their difference (paired over the same test items): the "
+                            "first rankings, a few steps per member, favour slow rates that keep the warm start's "
+                            "answers (0: off).")
 
     decay: str = option("auto", "`cosine`: after the last cut the members left (the lone member) train at their "
                         "learning rates times a factor that falls along a half cosine, over the budget left, to the rate "
@@ -252,7 +257,7 @@ class NarrowingSection(Section):
                              on_tie=self.on_tie, tiebreak=self.tiebreak, tie_se=self.tie_se, anneal=self.anneal,
                              anneal_lr=self.anneal_lr, max_anneals=self.max_anneals, anneal_share=self.anneal_share,
                              anneal_floor=self.anneal_floor, wait_se=self.wait_se, wait_until=self.wait_until, pair_cut=self.pair_cut,
-                             decay=self.decay)
+                             decay=self.decay, slow_se=self.slow_se)
         except ValueError as e:
             raise ConfigError(f"hpo.narrowing: {e}") from e
 

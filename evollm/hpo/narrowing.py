@@ -223,6 +223,11 @@ class Narrowing:
             the others: side by side with the anneal, the decay lifted chain_calc, the game with LLMPPO and the
             relay, and cost the GRPO and REINFORCE arithmetic tasks (benchmarks/README.md, "The decay for
             actor-critic members"). ``"none"``: the anneal for every member.
+        slow_se: at a cut, a member whose learning rate is below the run's starting one (the default founder's)
+            ranks below every faster member unless it scores above the best of them by this many standard errors
+            of their difference, paired over the same items (:func:`~evollm.hpo.horizon.demote_slow`): the first
+            rankings, a few steps per member, favour slow rates that keep the warm start's answers (short-horizon
+            bias). Default 0 (off).
 
     A milestone is acted on at the first step that has a fresh ranking (an evaluation, or any step
     when the selection ranks on training rewards) at or after it. Several milestones crossed at once
@@ -238,7 +243,7 @@ class Narrowing:
                  tie_se: float = 0.0, anneal: bool = True, anneal_lr: float = ANNEAL_LR,
                  max_anneals: int = MAX_ANNEALS, anneal_share: float = ANNEAL_SHARE, wait_se: float = 0.0,
                  wait_until: Optional[float] = None, revive_rate: str = "between", pair_cut: bool = True,
-                 anneal_floor: str = "start", decay: str = "auto") -> None:
+                 anneal_floor: str = "start", decay: str = "auto", slow_se: float = 0.0) -> None:
         at = [float(a) for a in at]
         if not at:
             raise ValueError("Narrowing.at must name at least one fraction of the budget")
@@ -280,6 +285,8 @@ class Narrowing:
             raise ValueError(f"Narrowing.tie_se must be >= 0 standard errors, got {tie_se!r}")
         if not float(wait_se) >= 0.0:
             raise ValueError(f"Narrowing.wait_se must be >= 0 standard errors, got {wait_se!r}")
+        if not float(slow_se) >= 0.0:
+            raise ValueError(f"Narrowing.slow_se must be >= 0 standard errors, got {slow_se!r}")
         if wait_until is not None and not 0.0 < float(wait_until) <= 1.0:
             raise ValueError(f"Narrowing.wait_until must be a fraction of the budget in (0, 1], got {wait_until!r}")
         self.at = tuple(at)
@@ -299,6 +306,7 @@ class Narrowing:
         self.wait_until = float(wait_until) if wait_until is not None else self.at[-1]
         self.pair_cut = bool(pair_cut)
         self.decay = decay
+        self.slow_se = float(slow_se)
         self.lone_since: Optional[float] = None  # budget fraction at which the last cut was acted on (decay)
         self.passed = 0  # milestones acted on
         self.deferred = 0  # milestones due that the last cut left for the next regular ranking (on_tie)
@@ -442,7 +450,7 @@ class Narrowing:
                 f"max_rollbacks={self.max_rollbacks}, on_tie={self.on_tie!r}, tiebreak={self.tiebreak!r}, "
                 f"tie_se={self.tie_se}, anneal={self.anneal}, anneal_lr={self.anneal_lr}, max_anneals={self.max_anneals}, "
                 f"anneal_share={self.anneal_share}, anneal_floor={self.anneal_floor!r}, wait_se={self.wait_se}, wait_until={self.wait_until}, "
-                f"pair_cut={self.pair_cut}, decay={self.decay!r})")
+                f"pair_cut={self.pair_cut}, decay={self.decay!r}, slow_se={self.slow_se})")
 
     @property
     def finished(self) -> bool:

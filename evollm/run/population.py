@@ -124,13 +124,16 @@ class Population:
         self.members = list(result.population)
 
     def record_narrowing(self, result, step: int, fraction: float, stderr: dict[int, float] | None = None,
-                         source: str = "last", tied: bool | None = None, deferred: int = 0, waited: int = 0) -> None:
+                         source: str = "last", tied: bool | None = None, deferred: int = 0, waited: int = 0,
+                         demoted: Sequence[int] = ()) -> None:
         """A narrowing of the population (``result.dropped`` released for good, ``result.population``
         kept as they are) at ``fraction`` of the budget; ``tied``: the cut fell between equal scores;
         ``deferred``: milestones due that it left for the next evaluation (``hpo.narrowing.on_tie``);
-        ``waited``: rankings it waited for a member to learn (``hpo.narrowing.wait_se``)."""
+        ``waited``: rankings it waited for a member to learn (``hpo.narrowing.wait_se``); ``demoted``: members
+        slower than the starting rate that it ranked last (``hpo.narrowing.slow_se``)."""
         self._selection_row("narrowing", result, step, stderr, source, budget_fraction=float(fraction), tied=tied,
-                            deferred=int(deferred), waited=int(waited))
+                            deferred=int(deferred), waited=int(waited),
+                            demoted=" ".join(str(int(i)) for i in demoted))
         self.members = list(result.population)
 
     def record_revival(self, result, step: int, fraction: float, no_signal: float, reason: str = "stall",
@@ -201,6 +204,12 @@ class Population:
         ids = [k for k, v in scores.items() if math.isfinite(v)]
         pairs = [pair_se.get((a, b)) for i, a in enumerate(ids) for b in ids[i + 1:]]
         return pairs if at == step and pairs and None not in pairs else None
+
+    def pair_stderrs_at(self, step: int) -> dict[tuple[int, int], float]:
+        """The standard errors of the differences between members (by ids), paired over the items both scored,
+        of the evaluation at ``step``; ``{}`` when that evaluation gave none."""
+        at, pair_se = self._pair_se
+        return dict(pair_se) if at == step else {}
 
     def fitness_stderr(self, index: int) -> list[float]:
         """Standard errors of ``index``'s evaluations, oldest first (NaN where unknown)."""

@@ -9,7 +9,7 @@ from typing import Callable
 from evollm.hpo.narrowing import budget_fraction, learnt
 from evollm.parallel import distributed as dist
 from evollm.run.population import Population
-from .revival import park_runner_up, starting_fitness
+from .revival import learning_rate_names, park_runner_up, starting_fitness, starting_rates
 
 
 def cut_due(narrowing, size: int, step: int, max_steps: int, elapsed: float, max_time: float | None) -> bool:
@@ -54,6 +54,9 @@ def narrow_population(agents: list, narrowing, step: int, max_steps: int, max_ti
     protected = tournament.protected_ids(agents) if hasattr(tournament, "protected_ids") else []
     ranks = tournament.rank_scores(agents, scores, protected) if protected else scores
     stderr = {int(a.index): ranking_stderr(tournament, a, record) for a in agents}
+    demoted = []
+    if narrowing.slow_se > 0:
+        ranks, demoted = slow_ranks(agents, ranks, stderr, narrowing.slow_se, record, step)
     rank, error = (lambda a: ranks[int(a.index)]), (lambda a: stderr[int(a.index)])
     kept, dropped = narrowing.narrow(agents, rank, due, tiebreak=narrowing.tie_key(), stderr=error)
     if not dropped:  # already at the schedule's smallest size
@@ -65,7 +68,7 @@ def narrow_population(agents: list, narrowing, step: int, max_steps: int, max_ti
                              best_index=int(best.index), protected=protected)
     tied = narrowing.is_tied(kept, dropped, rank, error)
     record.record_narrowing(result, step, fraction, stderr, source=getattr(tournament, "fitness", "last"), tied=tied,
-                            deferred=narrowing.deferred, waited=waited)
+                            deferred=narrowing.deferred, waited=waited, demoted=demoted)
     for agent in park_runner_up(dropped, lambda a: ranks[int(a.index)], narrowing, len(kept), tournament, record):
         agent.release()
     if log is not None:
@@ -82,6 +85,9 @@ def narrow_population(agents: list, narrowing, step: int, max_steps: int, max_ti
             tie += f"; it waited {waited} ranking(s) for a member to learn (hpo.narrowing.wait_se)"
         if narrowing.deferred:
             tie += f"; {narrowing.deferred} more milestone(s) wait for the next ranking (hpo.narrowing.on_tie: one_rung)"
+        if demoted:
+            tie += (f"; member(s) {demoted}, slower than the starting learning rate, ranked last: none scored "
+                    f"{narrowing.slow_se:g} standard errors above the best faster member (hpo.narrowing.slow_se)")
         if pair:
             tie += ("; a selection among the last two members was due, so it is the last cut "
                     "(hpo.narrowing.pair_cut)")
@@ -89,6 +95,29 @@ def narrow_population(agents: list, narrowing, step: int, max_steps: int, max_ti
             f"released {[a.index for a in dropped]}; ranking signal-to-noise {snr:.2f}"
             + (f" ({paired:.2f} paired over the same items)" if math.isfinite(paired) else "") + f"{hint}{tie}")
     return list(kept), result
+
+
+def slow_ranks(agents: list, ranks: dict[int, float], stderr: dict[int, float], z: float, record: Population,
+               step: int) -> tuple[dict[int, float], list[int]]:
+    """``hpo.narrowing.slow_se``: the ranking ``ranks`` with the members slower than the run's starting learning
+    rate (the first of :func:`~evollm.training.revival.learning_rate_names`, against the default founder's at
+    birth) ranked below the faster ones unless they beat the best of them by ``z`` standard errors of the
+    difference (:func:`~evollm.hpo.horizon.demote_slow`): paired over the items of the evaluation at ``step`` where
+    it gave them, else from the members' own standard errors ``stderr``. No starting rate known: ``ranks``."""
+    from evollm.hpo.horizon import demote_slow, slower
+
+    start = starting_rates(record)
+    slow = set()
+    for agent in agents:
+        names = learning_rate_names(agent)
+        if names and slower(agent.get_hyperparameter(names[0]), start.get(names[0])):
+            slow.add(int(agent.index))
+    if not slow:
+        return ranks, []
+    errors = {pair: math.hypot(stderr[pair[0]], stderr[pair[1]]) for pair in
+              ((i, j) for i in stderr for j in stderr if i != j)}
+    errors.update(record.pair_stderrs_at(step))
+    return demote_slow(ranks, slow, errors, z)
 
 
 def ranking_stderr(tournament, agent, record: Population) -> float:
