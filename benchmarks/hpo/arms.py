@@ -327,7 +327,7 @@ def run_population(task, cfg, rec: Recorder, mutate: bool, evo_set: list[str] = 
                                                 "reason", "rates")}
                          for r in getattr(live.get("record"), "selection_rows", []) if r["kind"] == "revival"],
             "rankings": [{k: r.get(k) for k in ("step", "kind", "size_before", "size_after", "spread", "snr",
-                                                "paired_snr", "tied", "budget_fraction")}
+                                                "paired_snr", "tied", "budget_fraction", "demoted")}
                          for r in getattr(live.get("record"), "selection_rows", []) if r["kind"] != "revival"]}
 
 

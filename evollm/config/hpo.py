@@ -224,11 +224,12 @@ class NarrowingSection(Section):
                             "the decay for actor-critic members, chain_calc's loss with it is gone, and over six tasks "
                             "where it acts it is level or ahead (benchmarks/README.md, \"The last pair again\"). "
                             "false: the race to the last cut.")
-    slow_se: float = option(0.0, "At a cut, a member whose learning rate is below the run's starting one (the default "
+    slow_se: float = option(2.0, "At a cut, a member whose learning rate is below the run's starting one (the default "
                             "founder's) ranks below every faster member unless it scores above the best of them by "
                             "this many standard errors of their difference (paired over the same test items): the "
                             "first rankings, a few steps per member, favour slow rates that keep the warm start's "
-                            "answers (0: off).")
+                            "answers (0: off; measured: benchmarks/README.md, \"Slow rates keep their place only "
+                            "on evidence\").")
 
     decay: str = option("auto", "`cosine`: after the last cut the members left (the lone member) train at their "
                         "learning rates times a factor that falls along a half cosine, over the budget left, to the rate "

@@ -227,7 +227,7 @@ class Narrowing:
             ranks below every faster member unless it scores above the best of them by this many standard errors
             of their difference, paired over the same items (:func:`~evollm.hpo.horizon.demote_slow`): the first
             rankings, a few steps per member, favour slow rates that keep the warm start's answers (short-horizon
-            bias). Default 0 (off).
+            bias). Default 2 (since 2026-12-07; benchmarks/README.md, "Slow rates keep their place only on evidence").
 
     A milestone is acted on at the first step that has a fresh ranking (an evaluation, or any step
     when the selection ranks on training rewards) at or after it. Several milestones crossed at once
@@ -243,7 +243,7 @@ class Narrowing:
                  tie_se: float = 0.0, anneal: bool = True, anneal_lr: float = ANNEAL_LR,
                  max_anneals: int = MAX_ANNEALS, anneal_share: float = ANNEAL_SHARE, wait_se: float = 0.0,
                  wait_until: Optional[float] = None, revive_rate: str = "between", pair_cut: bool = True,
-                 anneal_floor: str = "start", decay: str = "auto", slow_se: float = 0.0) -> None:
+                 anneal_floor: str = "start", decay: str = "auto", slow_se: float = 2.0) -> None:
         at = [float(a) for a in at]
         if not at:
             raise ValueError("Narrowing.at must name at least one fraction of the budget")

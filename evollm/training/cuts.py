@@ -107,6 +107,8 @@ def slow_ranks(agents: list, ranks: dict[int, float], stderr: dict[int, float], 
     from evollm.hpo.horizon import demote_slow, slower
 
     start = starting_rates(record)
+    if not start:
+        return ranks, []
     slow = set()
     for agent in agents:
         names = learning_rate_names(agent)

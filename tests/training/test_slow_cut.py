@@ -73,4 +73,4 @@ def test_slow_se_must_be_a_number_of_standard_errors_at_least_zero():
         Narrowing(slow_se=-1.0)
     with pytest.raises(ConfigError, match="hpo.narrowing: Narrowing.slow_se must be >= 0"):
         NarrowingConfig(slow_se=-1.0).build()
-    assert NarrowingConfig().build().slow_se == 0.0
+    assert NarrowingConfig().build().slow_se == 2.0
