@@ -1,4 +1,5 @@
-"""Short-horizon bias at a cut: early rankings favour slow learning rates.
+"""What an early ranking can tell: whether any member has learnt yet (:func:`learnt`, ``hpo.narrowing.wait_se``),
+and the short-horizon bias of a cut: early rankings favour slow learning rates (:func:`demote_slow`).
 
 A population's first rankings come after a few steps per member. On a warm-started model, a member at a
 slow rate still answers much as the model did, while faster rates move the answers, first down as often
@@ -77,3 +78,31 @@ def demote_slow(scores: Mapping[int, float], slow: set, stderr: Mapping[tuple[in
     for k in demoted:
         out[k] -= offset
     return out, sorted(demoted)
+
+
+def learnt(scores: Sequence[float], stderrs: Sequence[float], start: float, z: float) -> bool:
+    """Whether any member has learnt something its evaluation can see: a score above ``start`` (the run's
+    starting level) by at least ``z`` of that member's standard error (``stderrs``, in the order of
+    ``scores``; an unknown one, NaN, or a zero one: by anything). Before that the members' scores differ by the
+    evaluation's noise, and a cut on them keeps members at random. With no starting level (``start`` not
+    finite) every member counts as having learnt.
+
+    >>> learnt([0.42, 0.405, 0.465], [0.035, 0.035, 0.035], start=0.41, z=2.0)  # 0.055 above: 1.6 se
+    False
+    >>> learnt([0.27, 0.12, 0.74], [0.031, 0.023, 0.031], start=0.17, z=2.0)
+    True
+    >>> learnt([0.30], [float("nan")], start=0.25, z=2.0)
+    True
+    >>> learnt([0.0, 0.0], [0.0, 0.0], start=0.0, z=2.0)  # nobody answers: no one has learnt
+    False
+    """
+    if not math.isfinite(float(start)):
+        return True
+    for score, se in zip(scores, stderrs):
+        score, se = float(score), float(se)
+        if math.isnan(score):
+            continue
+        gap = score - float(start)
+        if gap > 0.0 and (not math.isfinite(se) or gap >= float(z) * se):
+            return True
+    return False

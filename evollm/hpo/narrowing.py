@@ -184,7 +184,7 @@ class Narrowing:
         tiebreak: what orders equal scores at a cut: ``"default_first"`` (:func:`tie_rank`: the default
             founder's lineage, then the recent training rewards) or ``"reward"`` (:func:`recent_reward`
             alone). Default ``"default_first"``.
-        wait_se: a cut waits until a member has learnt something the evaluation can see (:func:`learnt`: a
+        wait_se: a cut waits until a member has learnt something the evaluation can see (:func:`~evollm.hpo.horizon.learnt`: a
             held-out score above the run's starting level, the median of its first evaluation, by at least
             ``wait_se`` of that member's standard error), or until ``wait_until`` of the budget; until then
             every member trains on, the tournament waits too (no selection on a ranking that is noise), and
@@ -319,7 +319,7 @@ class Narrowing:
 
     def waits(self, fraction: float, has_learnt: bool) -> bool:
         """Whether a cut due at ``fraction`` of the budget waits (``wait_se``): no member has learnt yet
-        (``has_learnt``, :func:`learnt`) and ``wait_until`` is not reached."""
+        (``has_learnt``, :func:`~evollm.hpo.horizon.learnt`) and ``wait_until`` is not reached."""
         return self.wait_se > 0.0 and not has_learnt and fraction < self.wait_until - 1e-12
 
     def cuts_pair(self, size: int) -> bool:
@@ -456,34 +456,6 @@ class Narrowing:
     def finished(self) -> bool:
         """Whether every milestone has been acted on (the population is at its final size)."""
         return self.passed >= len(self.at)
-
-
-def learnt(scores: Sequence[float], stderrs: Sequence[float], start: float, z: float) -> bool:
-    """Whether any member has learnt something its evaluation can see: a score above ``start`` (the run's
-    starting level) by at least ``z`` of that member's standard error (``stderrs``, in the order of
-    ``scores``; an unknown one, NaN, or a zero one: by anything). Before that the members' scores differ by the
-    evaluation's noise, and a cut on them keeps members at random. With no starting level (``start`` not
-    finite) every member counts as having learnt.
-
-    >>> learnt([0.42, 0.405, 0.465], [0.035, 0.035, 0.035], start=0.41, z=2.0)  # 0.055 above: 1.6 se
-    False
-    >>> learnt([0.27, 0.12, 0.74], [0.031, 0.023, 0.031], start=0.17, z=2.0)
-    True
-    >>> learnt([0.30], [float("nan")], start=0.25, z=2.0)
-    True
-    >>> learnt([0.0, 0.0], [0.0, 0.0], start=0.0, z=2.0)  # nobody answers: no one has learnt
-    False
-    """
-    if not math.isfinite(float(start)):
-        return True
-    for score, se in zip(scores, stderrs):
-        score, se = float(score), float(se)
-        if math.isnan(score):
-            continue
-        gap = score - float(start)
-        if gap > 0.0 and (not math.isfinite(se) or gap >= float(z) * se):
-            return True
-    return False
 
 
 def _finite_or(value: float, default: float) -> float:

@@ -6,7 +6,8 @@ from __future__ import annotations
 import math
 from typing import Callable
 
-from evollm.hpo.narrowing import budget_fraction, learnt
+from evollm.hpo.horizon import learnt
+from evollm.hpo.narrowing import budget_fraction
 from evollm.parallel import distributed as dist
 from evollm.run.population import Population
 from .revival import learning_rate_names, park_runner_up, starting_fitness, starting_rates
