@@ -170,8 +170,11 @@ class NarrowingSection(Section):
                             "below it), a copy of that state "
                             "(adapters, optimizer state, hyperparameters) trains on in its place with `rollback_lr` times the "
                             "lower of its and the fallen member's learning rates, at most `max_rollbacks` times; the best state is kept as with "
-                            "train.keep_best. Why: the first cuts favour the rate whose play improves fastest, often one "
-                            "that then falls back alone (benchmarks/README.md, HPO section).")
+                            "train.keep_best. Only from a best state above the run's starting level by `decline_se` of its "
+                            "standard errors: a fall from the start is the dip of learning (a score that first falls as the "
+                            "warm start's answers give way, then climbs), nothing learnt to go back to. Why: the first cuts "
+                            "favour the rate whose play improves fastest, often one that then falls back alone "
+                            "(benchmarks/README.md, HPO section).")
     anneal: bool = option(True, "When the member training alone has `patience` evaluations without a new best since "
                           "it was last chosen or changed, its learning rates are multiplied by `anneal_lr` (not below "
                           "`anneal_floor`; only once its best is above the run's first evaluation, and not while at "

@@ -20,6 +20,7 @@ import statistics
 from typing import Callable, Sequence
 
 from evollm.hpo.defaults import DEFAULT_EVOLVED, LEARNING_RATES
+from evollm.hpo.horizon import learnt
 from evollm.hpo.lone import (decays, declined, failing_alike, lacks_signal, plateau_patience, plateaued, rate_between,
                              stalled)
 from evollm.hpo.narrowing import budget_fraction
@@ -221,7 +222,10 @@ def roll_back_declined(agents: list, narrowing, tournament, record: Population, 
     and the fallen member's (:func:`scaled_learning_rates`; at most
     ``narrowing.max_rollbacks`` times per run); the declined member is released. Recorded as a ``revival``
     row with ``reason == "rollback"`` and a lineage row (the copy's parent: the member the state was kept
-    from). Returns the members to train on."""
+    from). Only from a state that had learnt something (:func:`~evollm.hpo.horizon.learnt`: above the run's
+    starting level, :func:`starting_fitness`, by ``narrowing.decline_se`` of its standard errors): a task whose
+    score first falls as the warm start's answers give way, then climbs, would otherwise be rolled back to the
+    start with a lower rate. Returns the members to train on."""
     kept = getattr(record, "kept", None)
     if (not narrowing.rollback or kept is None or kept.member is None or not narrowing.finished
             or not trains_alone(len(agents), tournament) or step >= max_steps
@@ -229,12 +233,15 @@ def roll_back_declined(agents: list, narrowing, tournament, record: Population, 
         return agents
     if kept.step is None or kept.step < last_cut(record):  # another member's best: not this one's to match
         return agents
+    best_se = evaluation_stderr(record, kept.source, kept.step)
+    if not learnt([kept.fitness], [best_se], starting_fitness(record), narrowing.decline_se):
+        return agents  # a best state at the starting level: a fall from it is the dip of learning, nothing to go back to
     for agent in agents:
         if getattr(agent, "quarantined", False):
             continue
         fitness = fitness_since_change(record, int(agent.index), after=int(kept.step))
         if declined(fitness, kept.fitness, narrowing.patience, narrowing.decline,
-                    best_se=evaluation_stderr(record, kept.source, kept.step), z=narrowing.decline_se,
+                    best_se=best_se, z=narrowing.decline_se,
                     chosen_from=evaluations_between(record, last_cut(record), kept.step)):
             return _roll_back(agents, agent, fitness, kept, record, step, max_steps, max_time, narrowing, log)
     return agents

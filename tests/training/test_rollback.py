@@ -73,28 +73,29 @@ def tiny():
     return load_tiny_model(warm_start=False, seed=0)
 
 
-#: the reward's phase: rewards 1-3 by length (every step learns; every answer scores) until ``zero`` is set, then zero everywhere
-PHASE = {"zero": False}
+#: the reward's scale: rewards 1-3 by length (every step learns; every answer scores) at half scale for the first
+#: evaluation (the run's starting level), then in full (the best state has learnt: it is above the start), then zero
+PHASE = {"scale": 0.5}
 
 
 def _reward(completion, answer, question=""):
-    return 0.0 if PHASE["zero"] else 1.0 + float(len(completion) % 3)
+    return PHASE["scale"] * (1.0 + float(len(completion) % 3))
 
 
 class _ZeroAfter(Callback):
-    """Sets the reward to zero after the evaluation of step ``step``: the survivor's held-out fitness falls to 0
-    and, every group's rewards then being equal, no later step changes its weights."""
+    """Sets the reward in full after the first evaluation and to zero after the evaluation of step ``step``: the
+    survivor's held-out fitness rises above the start, then falls to 0 and, every group's rewards then being
+    equal, no later step changes its weights."""
 
     def __init__(self, step):
         self.step = step
 
     def on_evaluation(self, state, fitness):
-        if state.step >= self.step:
-            PHASE["zero"] = True
+        PHASE["scale"] = 0.0 if state.step >= self.step else 1.0
 
 
 def _run(ckpt=None, resume=False, callbacks=(), rollback=True, max_rollbacks=2, verbose=False, decline_se=1.5):
-    PHASE["zero"] = resume  # a resumed run starts after step 2
+    PHASE["scale"] = 0.0 if resume else 0.5  # a resumed run starts after step 2
     narrowing = Narrowing(at=(0.1,), keep=0.5, min_size=1, revive=False, patience=2, rollback=rollback,
                           max_rollbacks=max_rollbacks, decline_se=decline_se)
     return lone_member_run(narrowing, _reward, ckpt, resume, [_ZeroAfter(2), *callbacks], verbose=verbose)
@@ -189,14 +190,16 @@ def test_a_fall_within_the_noise_of_the_best_state_does_not_roll_back(monkeypatc
 
 def test_the_loop_counts_the_evaluations_the_best_state_was_the_best_of(monkeypatch):
     """The loop hands :func:`declined` how many evaluations the kept state was chosen from: those from the last
-    cut to the state's step: first the cut's own evaluation at step 1 (one), then the best at step 2 (two)."""
+    cut to the state's step: the best at step 2 (two: the cut's own evaluation at step 1, and step 2's). The
+    cut's evaluation as the kept state is never judged: it is the run's starting level, nothing learnt to fall
+    from."""
     import evollm.training.revival as revival
 
     seen = []
     real = revival.declined
     monkeypatch.setattr(revival, "declined", lambda *a, **k: seen.append(k["chosen_from"]) or real(*a, **k))
     _, record = _run(max_rollbacks=1)
-    assert seen[0] == 1 and seen[-1] == revival.evaluations_between(record, 1, 2) == 2 and set(seen) == {1, 2}
+    assert seen and set(seen) == {revival.evaluations_between(record, 1, 2)} == {2}
     assert "rollback" in set(record.selections()["reason"].dropna())  # a fall to 0 still rolls back
 
 
@@ -276,7 +279,9 @@ def test_a_reserve_swapped_in_is_not_rolled_back_to_the_plateau_it_replaced(monk
         record = Population()
         plateau = [(50, 20, 0.2125), (75, 20, 0.225), (100, 20, 0.225), (125, 20, 0.225), (150, 20, 0.2125)]
         after = [(175, 17, 0.075), (200, 17, 0.1), (225, 17, 0.1375)]
-        record.rows = [{"step": s, "member": m, "fitness": f, "fitness_se": 0.056} for s, m, f in plateau + after]
+        first = [(10, 20, 0.05)]  # the run's starting level, below the best state by more than 1.5 se: it had learnt
+        record.rows = [{"step": s, "member": m, "fitness": f, "fitness_se": 0.056}
+                       for s, m, f in first + plateau + after]
         record.selection_rows = [{"step": 25, "kind": "narrowing"}, {"step": 150, "kind": "revival",
                                                                        "reason": survivor_reason}]
         record.kept = SimpleNamespace(member=object(), source=20, step=75, fitness=0.225)
@@ -288,3 +293,35 @@ def test_a_reserve_swapped_in_is_not_rolled_back_to_the_plateau_it_replaced(monk
     assert rolled == []
     run("rollback")  # a copy of the best state that fell away again: it rolls back
     assert rolled == [17]
+
+
+def test_a_fall_from_the_starting_level_does_not_roll_back(monkeypatch):
+    """A best state at the run's starting level (the median of its first evaluation) had learnt nothing: a fall
+    from it is the dip of learning (a score that first falls as the warm start's answers give way, then climbs;
+    seen on two-digit + and - with CISPO), and a copy of it at a lower rate would only start again, slower. The
+    same fall from a best state above the start by more than decline_se of its standard errors rolls back."""
+    from types import SimpleNamespace
+
+    import evollm.training.revival as revival
+    from evollm.run.population import Population
+
+    rolled = []
+    monkeypatch.setattr(revival, "_roll_back", lambda agents, member, *a: rolled.append(member.index) or agents)
+    narrowing = SimpleNamespace(rollback=True, finished=True, max_rollbacks=2, patience=3, decline=0.1,
+                                decline_se=1.5, elapsed_s=None)
+
+    def run(start):
+        record = Population()
+        rows = [(10, 1, start), (10, 2, start), (10, 3, start), (20, 1, 0.38), (30, 1, 0.30), (40, 1, 0.29),
+                (50, 1, 0.28)]
+        record.rows = [{"step": s, "member": m, "fitness": f, "fitness_se": 0.02} for s, m, f in rows]
+        record.selection_rows = [{"step": 10, "kind": "narrowing"}]
+        record.kept = SimpleNamespace(member=object(), source=1, step=20, fitness=0.38)
+        agent = SimpleNamespace(index=1, quarantined=False)
+        return revival.roll_back_declined([agent], narrowing, None, record, 50, 400, None)
+
+    run(start=0.37)  # 0.01 above the start: half a standard error, nothing learnt
+    run(start=0.36)  # 0.02: one standard error, still within 1.5
+    assert rolled == []
+    run(start=0.30)  # 0.08 above the start: 4 standard errors, learnt; the fall to 0.29 rolls back
+    assert rolled == [1]
