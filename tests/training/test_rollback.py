@@ -260,11 +260,11 @@ def test_releasing_the_run_frees_every_member_it_holds():
     record.release()  # idempotent
 
 
-def test_a_reserve_swapped_in_is_not_rolled_back_to_the_plateau_it_replaced(monkeypatch):
-    """A stall swap puts the reserve (parked at the cut, behind) in place of a member stuck on a plateau; the
-    run's best state is that member's. The reserve's first evaluations are below it, but it did not fall from
-    it: rolling back would undo the swap (seen on SmolLM2: a swap at step 150, then a roll-back to the plateau
-    at a quarter of the rate). The same evaluations by the member the best state came from do roll back."""
+def _judged(monkeypatch):
+    """:func:`roll_back_declined` on a hand-made record, with ``_roll_back`` replaced by a list of the members it
+    would roll back. Returns ``(judge, rolled)``: ``judge(rows, selections, kept, step, live, se)`` takes
+    ``(step, member, fitness)`` rows, all with standard error ``se``, the selection rows and the kept state's
+    ``(source, step, fitness)``, and judges member ``live`` at ``step``."""
     from types import SimpleNamespace
 
     import evollm.training.revival as revival
@@ -275,18 +275,31 @@ def test_a_reserve_swapped_in_is_not_rolled_back_to_the_plateau_it_replaced(monk
     narrowing = SimpleNamespace(rollback=True, finished=True, max_rollbacks=2, patience=3, decline=0.1,
                                 decline_se=1.5, elapsed_s=None)
 
-    def run(survivor_reason):
+    def judge(rows, selections, kept, step, live, se):
         record = Population()
-        plateau = [(50, 20, 0.2125), (75, 20, 0.225), (100, 20, 0.225), (125, 20, 0.225), (150, 20, 0.2125)]
-        after = [(175, 17, 0.075), (200, 17, 0.1), (225, 17, 0.1375)]
-        first = [(10, 20, 0.05)]  # the run's starting level, below the best state by more than 1.5 se: it had learnt
-        record.rows = [{"step": s, "member": m, "fitness": f, "fitness_se": 0.056}
-                       for s, m, f in first + plateau + after]
-        record.selection_rows = [{"step": 25, "kind": "narrowing"}, {"step": 150, "kind": "revival",
-                                                                       "reason": survivor_reason}]
-        record.kept = SimpleNamespace(member=object(), source=20, step=75, fitness=0.225)
-        agent = SimpleNamespace(index=17, quarantined=False)
-        return revival.roll_back_declined([agent], narrowing, None, record, 225, 400, None)
+        record.rows = [{"step": s, "member": m, "fitness": f, "fitness_se": se} for s, m, f in rows]
+        record.selection_rows = selections
+        source, kept_step, fitness = kept
+        record.kept = SimpleNamespace(member=object(), source=source, step=kept_step, fitness=fitness)
+        agent = SimpleNamespace(index=live, quarantined=False)
+        return revival.roll_back_declined([agent], narrowing, None, record, step, 400, None)
+
+    return judge, rolled
+
+
+def test_a_reserve_swapped_in_is_not_rolled_back_to_the_plateau_it_replaced(monkeypatch):
+    """A stall swap puts the reserve (parked at the cut, behind) in place of a member stuck on a plateau; the
+    run's best state is that member's. The reserve's first evaluations are below it, but it did not fall from
+    it: rolling back would undo the swap (seen on SmolLM2: a swap at step 150, then a roll-back to the plateau
+    at a quarter of the rate). The same evaluations by the member the best state came from do roll back."""
+    judge, rolled = _judged(monkeypatch)
+    first = [(10, 20, 0.05)]  # the run's starting level, below the best state by more than 1.5 se: it had learnt
+    plateau = [(50, 20, 0.2125), (75, 20, 0.225), (100, 20, 0.225), (125, 20, 0.225), (150, 20, 0.2125)]
+    after = [(175, 17, 0.075), (200, 17, 0.1), (225, 17, 0.1375)]
+
+    def run(survivor_reason):
+        selections = [{"step": 25, "kind": "narrowing"}, {"step": 150, "kind": "revival", "reason": survivor_reason}]
+        return judge(first + plateau + after, selections, (20, 75, 0.225), 225, live=17, se=0.056)
 
     run("stall")
     run("quarantine")
@@ -300,25 +313,12 @@ def test_a_fall_from_the_starting_level_does_not_roll_back(monkeypatch):
     from it is the dip of learning (a score that first falls as the warm start's answers give way, then climbs;
     seen on two-digit + and - with CISPO), and a copy of it at a lower rate would only start again, slower. The
     same fall from a best state above the start by more than decline_se of its standard errors rolls back."""
-    from types import SimpleNamespace
-
-    import evollm.training.revival as revival
-    from evollm.run.population import Population
-
-    rolled = []
-    monkeypatch.setattr(revival, "_roll_back", lambda agents, member, *a: rolled.append(member.index) or agents)
-    narrowing = SimpleNamespace(rollback=True, finished=True, max_rollbacks=2, patience=3, decline=0.1,
-                                decline_se=1.5, elapsed_s=None)
+    judge, rolled = _judged(monkeypatch)
 
     def run(start):
-        record = Population()
         rows = [(10, 1, start), (10, 2, start), (10, 3, start), (20, 1, 0.38), (30, 1, 0.30), (40, 1, 0.29),
                 (50, 1, 0.28)]
-        record.rows = [{"step": s, "member": m, "fitness": f, "fitness_se": 0.02} for s, m, f in rows]
-        record.selection_rows = [{"step": 10, "kind": "narrowing"}]
-        record.kept = SimpleNamespace(member=object(), source=1, step=20, fitness=0.38)
-        agent = SimpleNamespace(index=1, quarantined=False)
-        return revival.roll_back_declined([agent], narrowing, None, record, 50, 400, None)
+        return judge(rows, [{"step": 10, "kind": "narrowing"}], (1, 20, 0.38), 50, live=1, se=0.02)
 
     run(start=0.37)  # 0.01 above the start: half a standard error, nothing learnt
     run(start=0.36)  # 0.02: one standard error, still within 1.5
