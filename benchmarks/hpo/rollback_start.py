@@ -9,20 +9,22 @@ import json
 import math
 import statistics
 
+from evollm.hpo.horizon import learnt
 
-def state_stderr(run: dict, member: int, step: int) -> float:
-    """The standard error of ``member``'s evaluation at ``step`` (NaN when not recorded)."""
-    for e in run.get("evaluations") or []:
-        if e["step"] == step and member in e["members"] and e.get("fitness_se"):
-            return float(e["fitness_se"][e["members"].index(member)])
+
+def kept_stderr(evaluations: list[dict], best: float, before: int) -> float:
+    """The standard error of the evaluation that scored ``best`` before step ``before`` (the records keep the kept
+    state's score, not its step): NaN when none is recorded."""
+    for e in evaluations:
+        for i, f in enumerate(e["fitness"]):
+            if abs(f - best) < 1e-4 and e["step"] < before:
+                return float(e["fitness_se"][i]) if e.get("fitness_se") else math.nan
     return math.nan
 
 
 def from_the_start(run: dict, z: float) -> list[tuple[int, float, float]]:
     """``(step, start, best)`` of each of ``run``'s roll-backs whose best state was within ``z`` standard errors of
-    the starting level. The state's member is the one whose earlier evaluation scored ``best``, and its standard
-    error the smallest of that member's evaluations (the records keep the state's score, not its member; the
-    smallest standard error counts the fewest roll-backs)."""
+    the starting level (above it by anything when its standard error is unknown, as ``evollm.hpo.horizon.learnt``)."""
     evaluations = run.get("evaluations") or []
     if not evaluations:
         return []
@@ -31,14 +33,8 @@ def from_the_start(run: dict, z: float) -> list[tuple[int, float, float]]:
     for v in run.get("revivals") or []:
         if v.get("reason") != "rollback":
             continue
-        scores = dict(x.split(":") for x in v["scores"].split())
-        best = float(scores[v["kept"]])
-        source = next((e["members"][e["fitness"].index(f)] for e in evaluations for f in e["fitness"]
-                       if abs(f - best) < 1e-4 and e["step"] < v["step"]), None)
-        se = math.nan if source is None else min(
-            (state_stderr(run, source, e["step"]) for e in evaluations if source in e["members"]), default=math.nan)
-        learnt = best - start > 0 and (not math.isfinite(se) or best - start >= z * se)
-        if not learnt:
+        best = float(dict(x.split(":") for x in v["scores"].split())[v["kept"]])
+        if not learnt([best], [kept_stderr(evaluations, best, int(v["step"]))], start, z):
             out.append((int(v["step"]), start, best))
     return out
 
