@@ -327,7 +327,8 @@ def run_population(task, cfg, rec: Recorder, mutate: bool, evo_set: list[str] = 
                                                 "reason", "rates")}
                          for r in getattr(live.get("record"), "selection_rows", []) if r["kind"] == "revival"],
             "rankings": [{k: r.get(k) for k in ("step", "kind", "size_before", "size_after", "spread", "snr",
-                                                "paired_snr", "tied", "budget_fraction", "demoted")}
+                                                "paired_snr", "tied", "budget_fraction", "demoted", "kept",
+                                                "dropped", "scores", "rates")}
                          for r in getattr(live.get("record"), "selection_rows", []) if r["kind"] != "revival"]}
 
 
