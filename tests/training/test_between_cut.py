@@ -71,6 +71,25 @@ def test_a_cut_that_leaves_two_members_leaves_their_rates_alone():
     assert [a.hp["lr"] for a in kept] == [5e-5, 2e-4]
 
 
+def _zero(completion, answer, question=""):
+    return 0.0
+
+
+def test_in_the_loop_the_rate_between_reaches_the_optimizer_and_the_report():
+    """Two real GRPO members at 1e-3 and 1e-5 whose every answer scores 0 (equal scores: within any noise), cut to
+    one at the first evaluation: the member kept trains at their log-midpoint, 1e-4, in its optimizer's groups
+    and in the report's hyperparameters."""
+    from conftest import lone_member_run
+
+    agents, record = lone_member_run(Narrowing(at=(0.1,), keep=0.5, min_size=1, revive=False, between_se=1.0),
+                                     _zero, max_steps=3, lrs=(1e-3, 1e-5))
+    (member,) = agents
+    row = record.selections().query("kind == 'narrowing'").iloc[0]
+    assert row["rates"].endswith("-> 0.0001") and member.get_hyperparameter("lr") == pytest.approx(1e-4)
+    assert [g["lr"] for g in member.optimizer.param_groups] == pytest.approx([1e-4] * len(member.optimizer.param_groups))
+    assert record.report().query(f"member == {member.index}")["hp_lr"].iloc[-1] == pytest.approx(1e-4)
+
+
 def test_between_se_must_be_a_number_of_standard_errors_at_least_zero():
     from evollm.config import ConfigError
     from evollm.config.hpo import NarrowingSection as NarrowingConfig
