@@ -233,6 +233,11 @@ class NarrowingSection(Section):
                             "first rankings, a few steps per member, favour slow rates that keep the warm start's "
                             "answers (0: off; measured: benchmarks/README.md, \"Slow rates keep their place only "
                             "on evidence\").")
+    faster_se: float = option(0.0, "At a cut that leaves one member: when the best member it releases with a faster "
+                              "learning rate than the member kept scored within this many standard errors of their "
+                              "difference of it (paired over the same test items), the ranking could not tell the two "
+                              "apart, and the member kept trains on at the rate between them (their geometric mean). "
+                              "Only upward: early rankings favour slow rates already (short-horizon bias). 0: off.")
 
     decay: str = option("auto", "`cosine`: after the last cut the members left (the lone member) train at their "
                         "learning rates times a factor that falls along a half cosine, over the budget left, to the rate "
@@ -261,7 +266,7 @@ class NarrowingSection(Section):
                              on_tie=self.on_tie, tiebreak=self.tiebreak, tie_se=self.tie_se, anneal=self.anneal,
                              anneal_lr=self.anneal_lr, max_anneals=self.max_anneals, anneal_share=self.anneal_share,
                              anneal_floor=self.anneal_floor, wait_se=self.wait_se, wait_until=self.wait_until, pair_cut=self.pair_cut,
-                             decay=self.decay, slow_se=self.slow_se)
+                             decay=self.decay, slow_se=self.slow_se, faster_se=self.faster_se)
         except ValueError as e:
             raise ConfigError(f"hpo.narrowing: {e}") from e
 

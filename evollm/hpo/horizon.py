@@ -7,12 +7,13 @@ as up, and reach what they will score later. So a ranking that early prefers slo
 often than the long run would (the short-horizon bias of greedy learning-rate tuning: Wu, Ren, Liao and
 Grosse, "Understanding Short-Horizon Bias in Stochastic Meta-Optimization", ICLR 2018). ``hpo.narrowing.slow_se``
 asks a member slower than the run's starting rate for evidence before it takes a place from the others:
-:func:`demote_slow`.
+:func:`demote_slow`. And a cut to one member that keeps a slower member over a faster one within noise of it leans the same way:
+``hpo.narrowing.faster_se`` trains the member kept at the rate between the two instead (:func:`within_noise`).
 """
 from __future__ import annotations
 
 import math
-from typing import Mapping, Optional
+from typing import Mapping, Optional, Sequence
 
 
 def slower(rate: float, start: Optional[float]) -> bool:
@@ -106,3 +107,19 @@ def learnt(scores: Sequence[float], stderrs: Sequence[float], start: float, z: f
         if gap > 0.0 and (not math.isfinite(se) or gap >= float(z) * se):
             return True
     return False
+
+
+def within_noise(score: float, other: float, stderr: float, z: float) -> bool:
+    """Whether two scores are within ``z`` standard errors ``stderr`` of their difference of each other, so that a
+    ranking between them is a coin flip. An unknown (NaN) standard error: only equal scores.
+
+    >>> within_noise(0.373, 0.364, 0.012, 1.0), within_noise(0.373, 0.349, 0.012, 1.0)
+    (True, False)
+    >>> within_noise(0.5, 0.5, 0.0, 1.0), within_noise(0.5, 0.51, float("nan"), 1.0)
+    (True, False)
+
+    """
+    gap = abs(float(score) - float(other))
+    if not math.isfinite(float(stderr)):
+        return gap == 0.0
+    return gap <= float(z) * float(stderr)

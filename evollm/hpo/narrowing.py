@@ -228,6 +228,11 @@ class Narrowing:
             of their difference, paired over the same items (:func:`~evollm.hpo.horizon.demote_slow`): the first
             rankings, a few steps per member, favour slow rates that keep the warm start's answers (short-horizon
             bias). Default 2 (since 2026-12-07; benchmarks/README.md, "Slow rates keep their place only on evidence").
+        faster_se: at a cut that leaves one member, when the best member it releases with a learning rate above
+            the kept member's scored within this many standard errors of their difference of it (paired over the
+            same items; :func:`~evollm.hpo.horizon.within_noise`), the member kept trains on at the rate between the
+            two (their geometric mean, :func:`~evollm.hpo.lone.rate_between`): the ranking could not tell them
+            apart, and early rankings favour slow rates (short-horizon bias). Only upward. 0: off.
 
     A milestone is acted on at the first step that has a fresh ranking (an evaluation, or any step
     when the selection ranks on training rewards) at or after it. Several milestones crossed at once
@@ -243,7 +248,8 @@ class Narrowing:
                  tie_se: float = 0.0, anneal: bool = True, anneal_lr: float = ANNEAL_LR,
                  max_anneals: int = MAX_ANNEALS, anneal_share: float = ANNEAL_SHARE, wait_se: float = 0.0,
                  wait_until: Optional[float] = None, revive_rate: str = "between", pair_cut: bool = True,
-                 anneal_floor: str = "start", decay: str = "auto", slow_se: float = 2.0) -> None:
+                 anneal_floor: str = "start", decay: str = "auto", slow_se: float = 2.0,
+                 faster_se: float = 0.0) -> None:
         at = [float(a) for a in at]
         if not at:
             raise ValueError("Narrowing.at must name at least one fraction of the budget")
@@ -287,6 +293,8 @@ class Narrowing:
             raise ValueError(f"Narrowing.wait_se must be >= 0 standard errors, got {wait_se!r}")
         if not float(slow_se) >= 0.0:
             raise ValueError(f"Narrowing.slow_se must be >= 0 standard errors, got {slow_se!r}")
+        if not float(faster_se) >= 0.0:
+            raise ValueError(f"Narrowing.faster_se must be >= 0 standard errors, got {faster_se!r}")
         if wait_until is not None and not 0.0 < float(wait_until) <= 1.0:
             raise ValueError(f"Narrowing.wait_until must be a fraction of the budget in (0, 1], got {wait_until!r}")
         self.at = tuple(at)
@@ -307,6 +315,7 @@ class Narrowing:
         self.pair_cut = bool(pair_cut)
         self.decay = decay
         self.slow_se = float(slow_se)
+        self.faster_se = float(faster_se)
         self.lone_since: Optional[float] = None  # budget fraction at which the last cut was acted on (decay)
         self.passed = 0  # milestones acted on
         self.deferred = 0  # milestones due that the last cut left for the next regular ranking (on_tie)
@@ -450,7 +459,7 @@ class Narrowing:
                 f"max_rollbacks={self.max_rollbacks}, on_tie={self.on_tie!r}, tiebreak={self.tiebreak!r}, "
                 f"tie_se={self.tie_se}, anneal={self.anneal}, anneal_lr={self.anneal_lr}, max_anneals={self.max_anneals}, "
                 f"anneal_share={self.anneal_share}, anneal_floor={self.anneal_floor!r}, wait_se={self.wait_se}, wait_until={self.wait_until}, "
-                f"pair_cut={self.pair_cut}, decay={self.decay!r}, slow_se={self.slow_se})")
+                f"pair_cut={self.pair_cut}, decay={self.decay!r}, slow_se={self.slow_se}, faster_se={self.faster_se})")
 
     @property
     def finished(self) -> bool:

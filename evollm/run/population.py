@@ -125,15 +125,16 @@ class Population:
 
     def record_narrowing(self, result, step: int, fraction: float, stderr: dict[int, float] | None = None,
                          source: str = "last", tied: bool | None = None, deferred: int = 0, waited: int = 0,
-                         demoted: Sequence[int] = ()) -> None:
+                         demoted: Sequence[int] = (), rates: str | None = None) -> None:
         """A narrowing of the population (``result.dropped`` released for good, ``result.population``
         kept as they are) at ``fraction`` of the budget; ``tied``: the cut fell between equal scores;
         ``deferred``: milestones due that it left for the next evaluation (``hpo.narrowing.on_tie``);
         ``waited``: rankings it waited for a member to learn (``hpo.narrowing.wait_se``); ``demoted``: members
-        slower than the starting rate that it ranked last (``hpo.narrowing.slow_se``)."""
+        slower than the starting rate that it ranked last (``hpo.narrowing.slow_se``); ``rates``: the learning
+        rates the member kept trains on from here (``"lr 5e-05 -> 7.1e-05"``, ``hpo.narrowing.faster_se``)."""
         self._selection_row("narrowing", result, step, stderr, source, budget_fraction=float(fraction), tied=tied,
                             deferred=int(deferred), waited=int(waited),
-                            demoted=" ".join(str(int(i)) for i in demoted))
+                            demoted=" ".join(str(int(i)) for i in demoted), rates=rates)
         self.members = list(result.population)
 
     def record_revival(self, result, step: int, fraction: float, no_signal: float, reason: str = "stall",

@@ -10,7 +10,8 @@ from evollm.hpo.horizon import learnt
 from evollm.hpo.narrowing import budget_fraction
 from evollm.parallel import distributed as dist
 from evollm.run.population import Population
-from .revival import learning_rate_names, park_runner_up, starting_fitness, starting_rates
+from evollm.run.population import describe_rates
+from .revival import learning_rate_names, park_runner_up, rates_between, starting_fitness, starting_rates
 
 
 def cut_due(narrowing, size: int, step: int, max_steps: int, elapsed: float, max_time: float | None) -> bool:
@@ -68,8 +69,11 @@ def narrow_population(agents: list, narrowing, step: int, max_steps: int, max_ti
     result = SelectionResult(elite=None, population=list(kept), dropped=list(dropped), scores=scores,
                              best_index=int(best.index), protected=protected)
     tied = narrowing.is_tied(kept, dropped, rank, error)
+    between = faster_within_noise(kept, dropped, scores, ranks, stderr, record, step, narrowing.faster_se)
+    changed = rates_between(kept[0], between) if between is not None else {}
     record.record_narrowing(result, step, fraction, stderr, source=getattr(tournament, "fitness", "last"), tied=tied,
-                            deferred=narrowing.deferred, waited=waited, demoted=demoted)
+                            deferred=narrowing.deferred, waited=waited, demoted=demoted,
+                            rates=describe_rates(changed) or None)
     for agent in park_runner_up(dropped, lambda a: ranks[int(a.index)], narrowing, len(kept), tournament, record):
         agent.release()
     if log is not None:
@@ -89,6 +93,10 @@ def narrow_population(agents: list, narrowing, step: int, max_steps: int, max_ti
         if demoted:
             tie += (f"; member(s) {demoted}, slower than the starting learning rate, ranked last: none scored "
                     f"{narrowing.slow_se:g} standard errors above the best faster member (hpo.narrowing.slow_se)")
+        if changed:
+            tie += (f"; member {between.index}, released, faster, scored within {narrowing.faster_se:g} standard "
+                    f"errors of member {kept[0].index}: it trains on between their rates, {describe_rates(changed)} "
+                    "(hpo.narrowing.faster_se)")
         if pair:
             tie += ("; a selection among the last two members was due, so it is the last cut "
                     "(hpo.narrowing.pair_cut)")
@@ -96,6 +104,31 @@ def narrow_population(agents: list, narrowing, step: int, max_steps: int, max_ti
             f"released {[a.index for a in dropped]}; ranking signal-to-noise {snr:.2f}"
             + (f" ({paired:.2f} paired over the same items)" if math.isfinite(paired) else "") + f"{hint}{tie}")
     return list(kept), result
+
+
+def faster_within_noise(kept: list, dropped: list, scores: dict[int, float], ranks: dict[int, float],
+                        stderr: dict[int, float], record: Population, step: int, z: float):
+    """``hpo.narrowing.faster_se``: when a cut leaves one member (``kept``), the best by ``ranks`` of the members
+    of ``dropped`` whose learning rate (the first of :func:`~evollm.training.revival.learning_rate_names`) is above
+    the kept member's (healthy, with a finite score), if its score lies within ``z`` standard errors of their
+    difference (paired over the items of the evaluation at ``step`` where it gave them, else from the two members'
+    own ``stderr``) of the kept member's (:func:`~evollm.hpo.horizon.within_noise`); else ``None`` (also with ``z``
+    0: off). A slower member is never returned: early rankings favour slow rates already (short-horizon bias)."""
+    from evollm.hpo.horizon import within_noise
+
+    if not z > 0 or len(kept) != 1 or not learning_rate_names(kept[0]):
+        return None
+    name = learning_rate_names(kept[0])[0]
+    own = float(kept[0].get_hyperparameter(name))
+    candidates = [a for a in dropped if not getattr(a, "quarantined", False) and math.isfinite(scores[int(a.index)])
+                  and name in learning_rate_names(a) and float(a.get_hyperparameter(name)) > own]
+    if not candidates or not math.isfinite(scores[int(kept[0].index)]):
+        return None
+    faster = max(candidates, key=lambda a: (ranks[int(a.index)], -int(a.index)))
+    i, j = int(kept[0].index), int(faster.index)
+    paired = record.pair_stderrs_at(step)
+    se = paired.get((i, j), paired.get((j, i), math.hypot(stderr[i], stderr[j])))
+    return faster if within_noise(scores[i], scores[j], se, z) else None
 
 
 def slow_ranks(agents: list, ranks: dict[int, float], stderr: dict[int, float], z: float, record: Population,
