@@ -237,7 +237,9 @@ class NarrowingSection(Section):
                               "learning rate than the member kept scored within this many standard errors of their "
                               "difference of it (paired over the same test items), the ranking could not tell the two "
                               "apart, and the member kept trains on at the rate between them (their geometric mean). "
-                              "Only upward: early rankings favour slow rates already (short-horizon bias). 0: off.")
+                              "Only upward: early rankings favour slow rates already (short-horizon bias). 0: off (measured "
+                              "at 1: level on four tasks; benchmarks/README.md, \"A faster member within noise pulls the "
+                              "lone member's rate up\").")
 
     decay: str = option("auto", "`cosine`: after the last cut the members left (the lone member) train at their "
                         "learning rates times a factor that falls along a half cosine, over the budget left, to the rate "
