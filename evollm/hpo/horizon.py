@@ -7,8 +7,9 @@ as up, and reach what they will score later. So a ranking that early prefers slo
 often than the long run would (the short-horizon bias of greedy learning-rate tuning: Wu, Ren, Liao and
 Grosse, "Understanding Short-Horizon Bias in Stochastic Meta-Optimization", ICLR 2018). ``hpo.narrowing.slow_se``
 asks a member slower than the run's starting rate for evidence before it takes a place from the others:
-:func:`demote_slow`. And a cut to one member that keeps a slower member over a faster one within noise of it leans the same way:
-``hpo.narrowing.faster_se`` trains the member kept at the rate between the two instead (:func:`within_noise`).
+:func:`demote_slow`. A cut to one member that keeps a slower member over a faster one within noise of it
+(:func:`within_noise`) can lean the same way: ``hpo.narrowing.faster_se`` trains the member kept at the rate
+between the two.
 """
 from __future__ import annotations
 
@@ -117,7 +118,6 @@ def within_noise(score: float, other: float, stderr: float, z: float) -> bool:
     (True, False)
     >>> within_noise(0.5, 0.5, 0.0, 1.0), within_noise(0.5, 0.51, float("nan"), 1.0)
     (True, False)
-
     """
     gap = abs(float(score) - float(other))
     if not math.isfinite(float(stderr)):

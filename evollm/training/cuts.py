@@ -9,8 +9,7 @@ from typing import Callable
 from evollm.hpo.horizon import learnt
 from evollm.hpo.narrowing import budget_fraction
 from evollm.parallel import distributed as dist
-from evollm.run.population import Population
-from evollm.run.population import describe_rates
+from evollm.run.population import Population, describe_rates
 from .revival import learning_rate_names, park_runner_up, rates_between, starting_fitness, starting_rates
 
 
