@@ -68,8 +68,8 @@ def narrow_population(agents: list, narrowing, step: int, max_steps: int, max_ti
     result = SelectionResult(elite=None, population=list(kept), dropped=list(dropped), scores=scores,
                              best_index=int(best.index), protected=protected)
     tied = narrowing.is_tied(kept, dropped, rank, error)
-    between = faster_within_noise(kept, dropped, scores, ranks, stderr, record, step, narrowing.faster_se)
-    changed = rates_between(kept[0], between) if between is not None else {}
+    faster = faster_within_noise(kept, dropped, scores, ranks, stderr, record, step, narrowing.faster_se)
+    changed = rates_between(kept[0], faster) if faster is not None else {}
     record.record_narrowing(result, step, fraction, stderr, source=getattr(tournament, "fitness", "last"), tied=tied,
                             deferred=narrowing.deferred, waited=waited, demoted=demoted,
                             rates=describe_rates(changed) or None)
@@ -93,7 +93,7 @@ def narrow_population(agents: list, narrowing, step: int, max_steps: int, max_ti
             tie += (f"; member(s) {demoted}, slower than the starting learning rate, ranked last: none scored "
                     f"{narrowing.slow_se:g} standard errors above the best faster member (hpo.narrowing.slow_se)")
         if changed:
-            tie += (f"; member {between.index}, released, faster, scored within {narrowing.faster_se:g} standard "
+            tie += (f"; member {faster.index}, released, faster, scored within {narrowing.faster_se:g} standard "
                     f"errors of member {kept[0].index}: it trains on between their rates, {describe_rates(changed)} "
                     "(hpo.narrowing.faster_se)")
         if pair:
