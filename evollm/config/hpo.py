@@ -233,13 +233,14 @@ class NarrowingSection(Section):
                             "first rankings, a few steps per member, favour slow rates that keep the warm start's "
                             "answers (0: off; measured: benchmarks/README.md, \"Slow rates keep their place only "
                             "on evidence\").")
-    faster_se: float = option(0.0, "At a cut that leaves one member: when the best member it releases with a faster "
+    faster_se: float = option(2.0, "At a cut that leaves one member: when the best member it releases with a faster "
                               "learning rate than the member kept scored within this many standard errors of their "
                               "difference of it (paired over the same test items), the ranking could not tell the two "
                               "apart, and the member kept trains on at the rate between them (their geometric mean). "
-                              "Only upward: early rankings favour slow rates already (short-horizon bias). 0: off (measured "
-                              "at 1: level on four tasks; benchmarks/README.md, \"A faster member within noise pulls the "
-                              "lone member's rate up\").")
+                              "Only upward: early rankings favour slow rates already (short-horizon bias). On by default "
+                              "since 2026-12-07 (at 2, beside the library without it: CISPO, the game with LLMPPO and "
+                              "REINFORCE arithmetic ahead; benchmarks/README.md, \"A faster member within noise, at 2 "
+                              "standard errors\"). 0: off.")
 
     decay: str = option("auto", "`cosine`: after the last cut the members left (the lone member) train at their "
                         "learning rates times a factor that falls along a half cosine, over the budget left, to the rate "

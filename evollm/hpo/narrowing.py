@@ -232,7 +232,8 @@ class Narrowing:
             the kept member's scored within this many standard errors of their difference of it (paired over the
             same items; :func:`~evollm.hpo.horizon.within_noise`), the member kept trains on at the rate between the
             two (their geometric mean, :func:`~evollm.hpo.lone.rate_between`): the ranking could not tell them
-            apart, and early rankings favour slow rates (short-horizon bias). Only upward. 0: off.
+            apart, and early rankings favour slow rates (short-horizon bias). Only upward. Default 2 (since
+            2026-12-07; benchmarks/README.md, "A faster member within noise, at 2 standard errors"). 0: off.
 
     A milestone is acted on at the first step that has a fresh ranking (an evaluation, or any step
     when the selection ranks on training rewards) at or after it. Several milestones crossed at once
@@ -249,7 +250,7 @@ class Narrowing:
                  max_anneals: int = MAX_ANNEALS, anneal_share: float = ANNEAL_SHARE, wait_se: float = 0.0,
                  wait_until: Optional[float] = None, revive_rate: str = "between", pair_cut: bool = True,
                  anneal_floor: str = "start", decay: str = "auto", slow_se: float = 2.0,
-                 faster_se: float = 0.0) -> None:
+                 faster_se: float = 2.0) -> None:
         at = [float(a) for a in at]
         if not at:
             raise ValueError("Narrowing.at must name at least one fraction of the budget")

@@ -102,3 +102,14 @@ def test_faster_se_must_be_a_number_of_standard_errors_at_least_zero():
         Narrowing(faster_se=-1.0)
     with pytest.raises(ConfigError, match="hpo.narrowing: Narrowing.faster_se must be >= 0"):
         NarrowingConfig(faster_se=-1.0).build()
+    assert Narrowing().faster_se == 2.0 and NarrowingConfig().build().faster_se == 2.0
+
+
+def test_by_default_a_faster_member_two_standard_errors_behind_still_counts():
+    """2e-4 at 0.355, 1.8 paired standard errors behind the default founder at 0.373: the default (2) moves the rate
+    between the two, 1 does not."""
+    agents, record = _scene((0.373, 0.355, 0.30, 0.20))
+    kept, _ = narrow_population(agents, Narrowing(at=(0.05,), keep=0.25, revive=False), 10, 100, None, None, record)
+    assert [a.index for a in kept] == [0] and kept[0].hp["lr"] == pytest.approx(1e-4)
+    kept, _, _ = _cut((0.373, 0.355, 0.30, 0.20), faster_se=1.0)
+    assert kept[0].hp["lr"] == 5e-5
