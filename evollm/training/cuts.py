@@ -68,7 +68,11 @@ def narrow_population(agents: list, narrowing, step: int, max_steps: int, max_ti
     result = SelectionResult(elite=None, population=list(kept), dropped=list(dropped), scores=scores,
                              best_index=int(best.index), protected=protected)
     tied = narrowing.is_tied(kept, dropped, rank, error)
-    faster = faster_within_noise(kept, dropped, scores, ranks, stderr, record, step, narrowing.faster_se)
+    # your starting values kept on purpose (the incumbent, protect_default) train on as they are
+    held = [int(a.index) for a in kept if int(a.index) in protected
+            or (narrowing.incumbent and getattr(a, "default_founder", False))]
+    faster = None if held else faster_within_noise(kept, dropped, scores, ranks, stderr, record, step,
+                                                    narrowing.faster_se)
     changed = rates_between(kept[0], faster) if faster is not None else {}
     record.record_narrowing(result, step, fraction, stderr, source=getattr(tournament, "fitness", "last"), tied=tied,
                             deferred=narrowing.deferred, waited=waited, demoted=demoted,

@@ -113,3 +113,12 @@ def test_by_default_a_faster_member_two_standard_errors_behind_still_counts():
     assert [a.index for a in kept] == [0] and kept[0].hp["lr"] == pytest.approx(1e-4)
     kept, _, _ = _cut((0.373, 0.355, 0.30, 0.20), faster_se=1.0)
     assert kept[0].hp["lr"] == 5e-5
+
+
+def test_starting_values_kept_as_the_incumbent_train_on_as_they_are():
+    """With ``incumbent`` the default founder's values are kept unless a member scores above them: a faster member
+    within noise does not move them (nor under ``protect_default``: tests/training/test_budget_loop.py)."""
+    agents, record = _scene((0.373, 0.364, 0.30, 0.20))
+    narrowing = Narrowing(at=(0.05,), keep=0.25, revive=False, incumbent=True)
+    kept, _ = narrow_population(agents, narrowing, 10, 100, None, None, record)
+    assert [a.index for a in kept] == [0] and kept[0].hp["lr"] == 5e-5
