@@ -69,8 +69,8 @@ def narrow_population(agents: list, narrowing, step: int, max_steps: int, max_ti
                              best_index=int(best.index), protected=protected)
     tied = narrowing.is_tied(kept, dropped, rank, error)
     # your starting values kept on purpose (the incumbent, protect_default) train on as they are
-    held = [int(a.index) for a in kept if int(a.index) in protected
-            or (narrowing.incumbent and getattr(a, "default_founder", False))]
+    held = any(int(a.index) in protected or (narrowing.incumbent and getattr(a, "default_founder", False))
+               for a in kept)
     faster = None if held else faster_within_noise(kept, dropped, scores, ranks, stderr, record, step,
                                                     narrowing.faster_se)
     changed = rates_between(kept[0], faster) if faster is not None else {}
