@@ -238,8 +238,8 @@ class NarrowingSection(Section):
                               "difference of it (paired over the same test items), the ranking could not tell the two "
                               "apart, and the member kept trains on at the rate between them (their geometric mean). "
                               "Only upward: early rankings favour slow rates already (short-horizon bias). On by default "
-                              "since 2026-12-07 (at 2, beside the library without it: CISPO, the game with LLMPPO and "
-                              "REINFORCE arithmetic ahead; benchmarks/README.md, \"A faster member within noise, at 2 "
+                              "since 2026-12-07 (at 2, beside the library without it: REINFORCE arithmetic +0.039, level "
+                              "or ahead on eight other tasks; benchmarks/README.md, \"A faster member within noise, at 2 "
                               "standard errors\"). 0: off.")
 
     decay: str = option("auto", "`cosine`: after the last cut the members left (the lone member) train at their "
