@@ -8,7 +8,7 @@ import pytest
 MODULES = ("evollm.hpo.narrowing", "evollm.hpo.horizon", "evollm.hpo.lone", "evollm.hpo.optuna_utils", "evollm.hpo.selection",
            "evollm.run.population", "evollm.run.search",
            "benchmarks.hpo.arms", "benchmarks.hpo.run", "benchmarks.hpo.noise_floor", "benchmarks.hpo.replay_decline",
-           "benchmarks.hpo.stats")
+           "benchmarks.hpo.stats", "benchmarks.hpo.verdicts")
 
 
 @pytest.mark.parametrize("name", MODULES)

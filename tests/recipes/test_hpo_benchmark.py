@@ -493,3 +493,28 @@ def test_flat_cuts_counts_the_cuts_with_nothing_to_rank_on_that_leave_more_than_
     assert flat_cuts(paths) == {"game_ppo": {"cuts": 8, "flat": 3, "runs": 2, "at_default": 1}}
     main(paths)
     assert capsys.readouterr().out.splitlines()[-1] == "| game_ppo | 8 | 3 | 2 | 1 |"
+
+
+def test_the_verdicts_table_answers_both_questions_per_task_by_hand(tmp_path, capsys):
+    """benchmarks.hpo.verdicts: the library's arm (here a variant) against the default run and the other
+    competitors of the same file, paired by seed; the older library's arm is left out."""
+    from benchmarks.hpo.verdicts import main
+
+    runs = [_run("evollm:new", 0, [0.5, 0.7]), _run("evollm:new", 1, [0.4, 0.6]),
+            _run("evollm", 0, [0.9, 0.9]), _run("evollm", 1, [0.9, 0.9]),  # the older library: not a competitor
+            _run("default", 0, [0.3, 0.6]), _run("default", 1, [0.3, 0.5]),
+            _run("tpe", 0, [0.2, 0.8]), _run("tpe", 1, [0.2, 0.4])]
+    path = tmp_path / "task.json"
+    path.write_text(json.dumps({"runs": runs}))
+    assert main([f"toy={path}:evollm:new", "--checkpoints", "2"]) == 0
+    row = capsys.readouterr().out.strip().splitlines()[-1]
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[:3] == ["toy", "2", "+0.100 ± 0.000 (2 ahead, 0 behind)"]
+    assert cells[3] == "Optuna TPE trials +0.050 ± 0.150"  # 0.7 − 0.8 and 0.6 − 0.4
+    assert cells[4] == "yes"
+    assert cells[5:7] == ["-0.100 ± 0.000", "no"]  # at half: 0.5 − 0.6 and 0.4 − 0.5
+    runs[-1] = _run("tpe", 1, [0.2, 0.7])  # TPE now ahead on the mean: the first question fails, naming it
+    path.write_text(json.dumps({"runs": runs}))
+    main([f"toy={path}:evollm:new", "--checkpoints", "2"])
+    cells = [c.strip() for c in capsys.readouterr().out.strip().splitlines()[-1].strip("|").split("|")]
+    assert cells[4] == "no (Optuna TPE trials)"
