@@ -274,23 +274,26 @@ def keep_best_kwargs(cfg) -> dict:
 
 #: the mutation operators off: a clone keeps its parent's hyperparameters and LoRA rank
 MUTATIONS_OFF = ["hpo.mutation.no_mutation=1.0", "hpo.mutation.rl_hp=0.0", "hpo.mutation.lora_rank=0.0"]
-#: the narrowing's own hyperparameter changes off: the lone member's anneal on a plateau, and the learning-rate
-#: cut of a roll-back's copy (the roll-back itself, a return to the best state, is selection and stays)
-NARROWING_CHANGES_OFF = ["hpo.narrowing.anneal=false", "hpo.narrowing.rollback_lr=1.0", "hpo.narrowing.revive_rate=own"]
+#: the narrowing's own hyperparameter changes off: the lone member's anneal on a plateau, the learning-rate
+#: cut of a roll-back's copy (the roll-back itself, a return to the best state, is selection and stays), a stall
+#: swap's rate between two members, the decay of an actor-critic member's rate and the pull of a faster member's
+NARROWING_CHANGES_OFF = ["hpo.narrowing.anneal=false", "hpo.narrowing.rollback_lr=1.0", "hpo.narrowing.revive_rate=own",
+                         "hpo.narrowing.decay=none", "hpo.narrowing.faster_se=0"]
 
 
 def frozen_overrides(cfg) -> list[str]:
     """The ``no_mutation`` arm's overrides: no hyperparameter ever changes during the run, so every member
     trains at its founder's values. The mutation operators are off, and so are the narrowing's changes to the
     member training alone (the anneal halves its learning rates on a plateau, a roll-back's copy trains at a
-    lower rate, a stall swap's reserve trains between two rates): PBT's explore step, applied to one member
-    (2026-11-28; before, the arm kept them and measured the clones' perturbation alone; ``--variant NAME=`` with
-    :data:`MUTATIONS_OFF` runs that arm).
+    lower rate, a stall swap's reserve trains between two rates, an actor-critic member's rate decays, a faster
+    member's rate pulls the lone member's up): PBT's explore step, applied to one member (2026-11-28; before, the
+    arm kept them and measured the clones' perturbation alone; ``--variant NAME=`` with :data:`MUTATIONS_OFF` runs
+    that arm; the decay and the faster member's pull were added to the list on 2026-12-07, night).
     Only the options the library version has are set.
 
     >>> from evollm.config import RunConfig
-    >>> frozen_overrides(RunConfig.from_dict({"model": {"source": "tiny"}, "algorithm": {"name": "GRPO"}}))[-3:]
-    ['hpo.narrowing.anneal=false', 'hpo.narrowing.rollback_lr=1.0', 'hpo.narrowing.revive_rate=own']
+    >>> frozen_overrides(RunConfig.from_dict({"model": {"source": "tiny"}, "algorithm": {"name": "GRPO"}}))[-5:]
+    ['hpo.narrowing.anneal=false', 'hpo.narrowing.rollback_lr=1.0', 'hpo.narrowing.revive_rate=own', 'hpo.narrowing.decay=none', 'hpo.narrowing.faster_se=0']
     """
     narrowing = getattr(getattr(cfg, "hpo", None), "narrowing", None)
     changes = [o for o in NARROWING_CHANGES_OFF if hasattr(narrowing, o.split(".")[2].split("=")[0])]

@@ -70,11 +70,15 @@ def test_arms_differ_as_documented(result):
     evo, frozen = runs["evollm"], runs["no_mutation"]
     assert evo["population_size"] == frozen["population_size"] > 1
     assert frozen["mutation"]["no_mutation"] == 1.0 and frozen["mutation"]["rl_hp"] == 0.0
-    # selection only changes no hyperparameter: nor does its narrowing (the lone member's anneal, a roll-back's rate)
+    # selection only changes no hyperparameter: nor does its narrowing (the lone member's anneal, a roll-back's
+    # rate, a stall swap's rate between two, the decay of a critic learner's rate, a faster member's pull)
     from evollm.hpo import Narrowing
     library = Narrowing()  # evollm gets the library's own
     assert evo["narrowing"]["anneal"] is library.anneal and evo["narrowing"]["rollback_lr"] == library.rollback_lr
+    assert evo["narrowing"]["decay"] == library.decay and evo["narrowing"]["faster_se"] == library.faster_se > 0
     assert frozen["narrowing"]["anneal"] is False and frozen["narrowing"]["rollback_lr"] == 1.0
+    assert frozen["narrowing"]["revive_rate"] == "own" and frozen["narrowing"]["decay"] == "none"
+    assert frozen["narrowing"]["faster_se"] == 0
     assert frozen["narrowing"]["rollback"] == evo["narrowing"]["rollback"]  # returning to the best state is selection
     assert evo["selection"]["window"] == frozen["selection"]["window"] == 5  # --evo-set reached both
     assert runs["evollm:w3"]["selection"]["window"] == 3  # the variant's own override, after --evo-set
