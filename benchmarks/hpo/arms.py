@@ -276,7 +276,7 @@ def keep_best_kwargs(cfg) -> dict:
 MUTATIONS_OFF = ["hpo.mutation.no_mutation=1.0", "hpo.mutation.rl_hp=0.0", "hpo.mutation.lora_rank=0.0"]
 #: the narrowing's own hyperparameter changes off: the lone member's anneal on a plateau, the learning-rate
 #: cut of a roll-back's copy (the roll-back itself, a return to the best state, is selection and stays), a stall
-#: swap's rate between two members, the decay of an actor-critic member's rate and the pull of a faster member's
+#: swap's rate between two members, the decay of an actor-critic member's rate, and a faster member's pull on it
 NARROWING_CHANGES_OFF = ["hpo.narrowing.anneal=false", "hpo.narrowing.rollback_lr=1.0", "hpo.narrowing.revive_rate=own",
                          "hpo.narrowing.decay=none", "hpo.narrowing.faster_se=0"]
 
