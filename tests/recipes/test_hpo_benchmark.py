@@ -516,9 +516,21 @@ def test_the_verdicts_table_answers_both_questions_per_task_by_hand(tmp_path, ca
     assert cells[:3] == ["toy", "2", "+0.100 ± 0.000 (2 ahead, 0 behind)"]
     assert cells[3] == "Optuna TPE trials +0.050 ± 0.150"  # 0.7 − 0.8 and 0.6 − 0.4
     assert cells[4] == "yes"
-    assert cells[5:7] == ["-0.100 ± 0.000", "no"]  # at half: 0.5 − 0.6 and 0.4 − 0.5
+    assert cells[5:8] == ["-0.100 ± 0.000", "-", "no"]  # at half: 0.5 − 0.6 and 0.4 − 0.5; no run given half
     runs[-1] = _run("tpe", 1, [0.2, 0.7])  # TPE now ahead on the mean: the first question fails, naming it
     path.write_text(json.dumps({"runs": runs}))
     main([f"toy={path}:evollm:new", "--checkpoints", "2"])
     cells = [c.strip() for c in capsys.readouterr().out.strip().splitlines()[-1].strip("|").split("|")]
     assert cells[4] == "no (Optuna TPE trials)"
+    # runs given half the budget, against the default runs of their own day (another file, another arm name)
+    half, full = tmp_path / "half.json", tmp_path / "full.json"
+    half.write_text(json.dumps({"runs": [_run("evollm", 0, [0.4, 0.65]), _run("evollm", 1, [0.3, 0.5]),
+                                         _run("evollm", 2, [0.3, 0.9])]}))  # seed 2 has no default run: left out
+    full.write_text(json.dumps({"runs": [_run("default", 0, [0.3, 0.6]), _run("default", 1, [0.3, 0.55])]}))
+    main([f"toy={path}:evollm:new", "--checkpoints", "2", "--half", f"toy={half}@{full}"])
+    cells = [c.strip() for c in capsys.readouterr().out.strip().splitlines()[-1].strip("|").split("|")]
+    assert cells[5:8] == ["-0.100 ± 0.000", "+0.000 ± 0.050 (1 ahead, 1 behind)", "yes (a run given ½)"]
+    with pytest.raises(SystemExit):  # a --half for a task no spec names
+        main([f"toy={path}:evollm:new", "--half", f"other={half}@{full}"])
+    with pytest.raises(SystemExit):  # an arm the file does not hold
+        main([f"toy={path}:evollm:new", "--half", f"toy={half}:evollm:x@{full}"])
