@@ -106,7 +106,8 @@ def verdict_row(name: str, runs: list[dict], checkpoints: int, half_run: tuple |
                        for a in competitors if a != "default") or "-"
     first = "yes" if not behind_of else "no (" + ", ".join(NAMES.get(a, a) for a in behind_of) + ")"
     half = arms["evollm"].get("half_minus_default_final", (math.nan, math.nan))
-    given = "-" if half_run is None else f"{fmt_diff(*half_run[:2])} ({half_run[2]} ahead, {half_run[3]} behind)"
+    given = "-" if half_run is None else (f"{fmt_diff(*half_run[:2])} ({half_run[2]} ahead, {half_run[3]} behind, "
+                                          f"of {half_run[4]})")
     second = reached_by_half(half[0], None if half_run is None else half_run[0])
     fixed = {k: v for k, v in (summary.get("fixed_at_half") or {}).items() if not k.endswith("(default)")}
     best = max(fixed, key=lambda k: fixed[k][0]) if fixed else None

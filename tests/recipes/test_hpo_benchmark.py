@@ -529,7 +529,7 @@ def test_the_verdicts_table_answers_both_questions_per_task_by_hand(tmp_path, ca
     full.write_text(json.dumps({"runs": [_run("default", 0, [0.3, 0.6]), _run("default", 1, [0.3, 0.55])]}))
     main([f"toy={path}:evollm:new", "--checkpoints", "2", "--half", f"toy={half}@{full}"])
     cells = [c.strip() for c in capsys.readouterr().out.strip().splitlines()[-1].strip("|").split("|")]
-    assert cells[5:8] == ["-0.100 ± 0.000", "+0.000 ± 0.050 (1 ahead, 1 behind)", "yes (a run given ½)"]
+    assert cells[5:8] == ["-0.100 ± 0.000", "+0.000 ± 0.050 (1 ahead, 1 behind, of 2)", "yes (a run given ½)"]
     with pytest.raises(SystemExit):  # a --half for a task no spec names
         main([f"toy={path}:evollm:new", "--half", f"other={half}@{full}"])
     with pytest.raises(SystemExit):  # an arm the file does not hold
