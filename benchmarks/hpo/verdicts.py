@@ -26,6 +26,7 @@ import json
 import math
 from pathlib import Path
 
+from benchmarks.hpo.paired import load
 from benchmarks.hpo.stats import NAMES, fmt_diff, mean_se, summarise
 
 
@@ -49,12 +50,10 @@ def library_runs(runs: list[dict], arm: str) -> list[dict]:
 def load_arm(source: str, arm: str) -> dict[int, dict]:
     """``{seed: run}`` of one arm of a results file (``FILE.json[:ARM]``, ``arm`` when no ARM is named)."""
     path, _, named = source.partition(".json")
-    runs = json.loads(Path(path + ".json").read_text())["runs"]
-    arm = named.lstrip(":") or arm
-    out = {int(r["seed"]): r for r in runs if r["arm"] == arm}
-    if not out:
-        raise SystemExit(f"{source}: no runs of arm {arm!r} (arms: {sorted({r['arm'] for r in runs})})")
-    return out
+    name, runs = load(f"{path}.json:{named.lstrip(':') or arm}")
+    if not runs:
+        raise SystemExit(f"{name}: no runs of that arm")
+    return runs
 
 
 def half_run_gap(half: dict[int, dict], full: dict[int, dict]) -> tuple[float, float, int, int, int]:
