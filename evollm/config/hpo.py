@@ -254,6 +254,10 @@ class NarrowingSection(Section):
                         "arithmetic tasks (benchmarks/README.md, \"The decay for actor-critic members\"). `none` keeps "
                         "the rates as they are (the anneal acts).",
                         choices=("auto", "none", "cosine"))
+    lift: float = option(1.0, "A lone member the cuts left at or below the run's starting learning rate (the search "
+                         "found nothing faster to keep) trains from the last cut at `lift` times its rates, falling "
+                         "along a half cosine to its own rates at the end of the budget: a fast start that ends at the "
+                         "rate the search kept. Scales the optimizer's groups like `decay`. 1 (default): off.")
 
     def build(self):
         """The :class:`~evollm.hpo.narrowing.Narrowing`, or ``None`` when ``at`` is empty."""
@@ -269,7 +273,8 @@ class NarrowingSection(Section):
                              on_tie=self.on_tie, tiebreak=self.tiebreak, tie_se=self.tie_se, anneal=self.anneal,
                              anneal_lr=self.anneal_lr, max_anneals=self.max_anneals, anneal_share=self.anneal_share,
                              anneal_floor=self.anneal_floor, wait_se=self.wait_se, wait_until=self.wait_until, pair_cut=self.pair_cut,
-                             decay=self.decay, slow_se=self.slow_se, faster_se=self.faster_se)
+                             decay=self.decay, slow_se=self.slow_se, faster_se=self.faster_se,
+                             lift=self.lift)
         except ValueError as e:
             raise ConfigError(f"hpo.narrowing: {e}") from e
 

@@ -216,22 +216,25 @@ def decays(decay: str, member) -> bool:
     return decay == "cosine" or (decay == "auto" and bool(getattr(member, "HAS_CRITIC", False)))
 
 
-def decay_factor(fraction: float, since: float, floor: float) -> float:
-    """The factor on a lone member's learning rates with ``fraction`` of the budget spent (``Narrowing.decay``:
-    ``"cosine"``): 1 up to ``since`` (the fraction at which the last cut left it alone), then along a half cosine
-    down to ``floor`` at the end of the budget (``floor`` past it). ``floor`` is the run's starting rate over the
-    member's own (:func:`decay_floor`), so the rate the cuts found falls back to the one the run started from.
+def decay_factor(fraction: float, since: float, floor: float, peak: float = 1.0) -> float:
+    """The factor on a lone member's learning rates with ``fraction`` of the budget spent (``Narrowing.decay``,
+    ``Narrowing.lift``): 1 up to ``since`` (the fraction at which the last cut left it alone), then ``peak`` falling
+    along a half cosine to ``floor`` at the end of the budget (``floor`` past it). For the decay ``peak`` is 1 and
+    ``floor`` the run's starting rate over the member's own (:func:`decay_floor`), so the rate the cuts found falls
+    back to the one the run started from; for the lift ``peak`` is ``Narrowing.lift`` and ``floor`` 1.
 
     >>> [round(decay_factor(f, 0.2, 0.25), 4) for f in (0.1, 0.2, 0.6, 1.0, 1.2)]
     [1.0, 1.0, 0.625, 0.25, 0.25]
     >>> round(decay_factor(0.4, 0.2, 0.25), 4)  # a quarter of the way: 0.25 + 0.75 * (1 + cos(pi / 4)) / 2
     0.8902
+    >>> [round(decay_factor(f, 0.2, 1.0, peak=3.0), 4) for f in (0.1, 0.2, 0.6, 1.0)]  # the lift: 3x, down to 1x
+    [1.0, 3.0, 2.0, 1.0]
     """
-    fraction, since, floor = float(fraction), float(since), float(floor)
+    fraction, since, floor, peak = float(fraction), float(since), float(floor), float(peak)
     if fraction <= since:
-        return 1.0
+        return 1.0 if fraction < since else peak
     t = min((fraction - since) / (1.0 - since), 1.0) if since < 1.0 else 1.0
-    return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * t))
+    return floor + (peak - floor) * 0.5 * (1.0 + math.cos(math.pi * t))
 
 
 def decay_floor(own: float, start: float) -> float:
@@ -244,3 +247,14 @@ def decay_floor(own: float, start: float) -> float:
     """
     own, start = float(own), float(start)
     return min(1.0, start / own) if own > 0.0 else 1.0
+
+
+def lifted(lift: float, own: float, start) -> bool:
+    """Whether a lone member at rate ``own``, in a run that started at ``start`` (``None``: unknown), follows
+    ``Narrowing.lift``: the lift is on (above 1) and the cuts left the member at or below the starting rate, so
+    the search found nothing faster to keep.
+
+    >>> lifted(3.0, 1e-4, 1e-4), lifted(3.0, 5e-5, 1e-4), lifted(3.0, 2e-4, 1e-4), lifted(1.0, 1e-4, 1e-4)
+    (True, True, False, False)
+    """
+    return float(lift) > 1.0 and start is not None and float(own) <= float(start) * (1.0 + 1e-9)

@@ -234,6 +234,9 @@ class Narrowing:
             two (their geometric mean, :func:`~evollm.hpo.lone.rate_between`): the ranking could not tell them
             apart, and early rankings favour slow rates (short-horizon bias). Only upward. Default 2 (since
             2026-12-07; benchmarks/README.md, "A faster member within noise, at 2 standard errors"). 0: off.
+        lift: a lone member the cuts left at or below the run's starting rate (the search found nothing faster to
+            keep) trains at ``lift`` times its rates from the last cut, falling along a half cosine to its own rates
+            at the end of the budget (:func:`~evollm.hpo.lone.lifted`, :func:`~evollm.hpo.lone.decay_factor`). 1: off.
 
     A milestone is acted on at the first step that has a fresh ranking (an evaluation, or any step
     when the selection ranks on training rewards) at or after it. Several milestones crossed at once
@@ -250,7 +253,7 @@ class Narrowing:
                  max_anneals: int = MAX_ANNEALS, anneal_share: float = ANNEAL_SHARE, wait_se: float = 0.0,
                  wait_until: Optional[float] = None, revive_rate: str = "between", pair_cut: bool = True,
                  anneal_floor: str = "start", decay: str = "auto", slow_se: float = 2.0,
-                 faster_se: float = 2.0) -> None:
+                 faster_se: float = 2.0, lift: float = 1.0) -> None:
         at = [float(a) for a in at]
         if not at:
             raise ValueError("Narrowing.at must name at least one fraction of the budget")
@@ -296,6 +299,8 @@ class Narrowing:
             raise ValueError(f"Narrowing.slow_se must be >= 0 standard errors, got {slow_se!r}")
         if not float(faster_se) >= 0.0:
             raise ValueError(f"Narrowing.faster_se must be >= 0 standard errors, got {faster_se!r}")
+        if not float(lift) >= 1.0:
+            raise ValueError(f"Narrowing.lift must be a factor >= 1 (1: off), got {lift!r}")
         if wait_until is not None and not 0.0 < float(wait_until) <= 1.0:
             raise ValueError(f"Narrowing.wait_until must be a fraction of the budget in (0, 1], got {wait_until!r}")
         self.at = tuple(at)
@@ -317,7 +322,8 @@ class Narrowing:
         self.decay = decay
         self.slow_se = float(slow_se)
         self.faster_se = float(faster_se)
-        self.lone_since: Optional[float] = None  # budget fraction at which the last cut was acted on (decay)
+        self.lift = float(lift)
+        self.lone_since: Optional[float] = None  # budget fraction at which the last cut was acted on (decay, lift)
         self.passed = 0  # milestones acted on
         self.deferred = 0  # milestones due that the last cut left for the next regular ranking (on_tie)
         self.elapsed_s = 0.0  # budget-clock seconds spent before this process started (resume)
@@ -460,7 +466,7 @@ class Narrowing:
                 f"max_rollbacks={self.max_rollbacks}, on_tie={self.on_tie!r}, tiebreak={self.tiebreak!r}, "
                 f"tie_se={self.tie_se}, anneal={self.anneal}, anneal_lr={self.anneal_lr}, max_anneals={self.max_anneals}, "
                 f"anneal_share={self.anneal_share}, anneal_floor={self.anneal_floor!r}, wait_se={self.wait_se}, wait_until={self.wait_until}, "
-                f"pair_cut={self.pair_cut}, decay={self.decay!r}, slow_se={self.slow_se}, faster_se={self.faster_se})")
+                f"pair_cut={self.pair_cut}, decay={self.decay!r}, slow_se={self.slow_se}, faster_se={self.faster_se}, lift={self.lift})")
 
     @property
     def finished(self) -> bool:

@@ -1,6 +1,7 @@
 """The run's budget: its clock (:func:`budget_clock`), a learning-rate cool-down over its last share
 (``train.lr_cooldown``, :func:`cool_down`), and the decay of the rates the narrowing's cuts found
-(``hpo.narrowing.decay``, :func:`decay_factors`) over the budget left after its last cut.
+(``hpo.narrowing.decay``) or raise the rate it left alone (``hpo.narrowing.lift``; both :func:`lone_factors`) over
+the budget left after its last cut.
 
 Every member trains at its own learning rates (its hyperparameters, evolving with it) until the last
 ``share`` of the budget, and then at those rates times a factor that falls linearly to ``floor`` at the end
@@ -73,39 +74,44 @@ def apply_lr_factor(members: Sequence, factor: float) -> None:
 def cool_down(agents: list, settings, done: int, elapsed: float, record=None) -> None:
     """Every member's param groups at its rates times the factor of the budget spent after ``done`` steps
     (``elapsed`` seconds on the budget's clock; ``settings``: the loop's): ``train.lr_cooldown``'s
-    (:func:`cooldown_factor`), times, once the narrowing's schedule is finished, for each member that
-    ``hpo.narrowing.decay`` applies to (:func:`~evollm.hpo.lone.decays`: every member with ``"cosine"``, those with a
-    critic with ``"auto"``), the decay's (:func:`decay_factors`; ``record``: the run's, for the rates it started
-    from)."""
+    (:func:`cooldown_factor`), times, once the narrowing's schedule is finished, the lone member's
+    (:func:`lone_factors`: ``hpo.narrowing.decay`` and ``hpo.narrowing.lift``; ``record``: the run's, for the rates
+    it started from)."""
     from evollm.hpo.lone import decays
 
     narrowing = settings.narrowing
-    decaying = [narrowing is not None and narrowing.finished and decays(narrowing.decay, m) for m in agents]
-    if not settings.lr_cooldown > 0 and not any(decaying):
+    lone = narrowing is not None and narrowing.finished
+    shaped = [lone and (decays(narrowing.decay, m) or narrowing.lift > 1.0) for m in agents]
+    if not settings.lr_cooldown > 0 and not any(shaped):
         return
     from evollm.hpo.narrowing import budget_fraction
     fraction = dist.broadcast_object(budget_fraction(done, settings.max_steps, elapsed, settings.max_time))
     factor = cooldown_factor(fraction, settings.lr_cooldown, settings.lr_cooldown_floor)
-    if not any(decaying):
+    if not any(shaped):
         apply_lr_factor(agents, factor)
         return
-    if narrowing.lone_since is None:  # the first step after the last cut: the decay starts here
+    if narrowing.lone_since is None:  # the first step after the last cut: the decay (or lift) starts here
         narrowing.lone_since = float(fraction)
-    for member, decay, on in zip(agents, decay_factors(agents, record, fraction, narrowing.lone_since), decaying):
-        apply_lr_factor([member], factor * decay if on else factor)
+    for member, shape in zip(agents, lone_factors(agents, record, fraction, narrowing)):
+        apply_lr_factor([member], factor * shape)
 
 
-def decay_factors(members: Sequence, record, fraction: float, since: float) -> list[float]:
-    """``hpo.narrowing.decay``: each member's :func:`~evollm.hpo.lone.decay_factor` at ``fraction`` of the budget,
-    falling from 1 at ``since`` to the rate the run started from (``record``'s default founder's,
-    :func:`~evollm.training.revival.starting_rates`) over the member's policy rate (the first of
-    :func:`~evollm.training.revival.learning_rate_names`). Without a default founder (the starting values lay
-    outside the search range, or ``algorithm.default_founder: false``) the rate falls to its search range's lower
-    end, as the anneal's floor does; a rate nobody searched keeps its value."""
-    from evollm.hpo.lone import decay_factor, decay_floor
+def lone_factors(members: Sequence, record, fraction: float, narrowing) -> list[float]:
+    """The factor on each lone member's rates at ``fraction`` of the budget, from ``narrowing.lone_since`` on
+    (:func:`~evollm.hpo.lone.decay_factor`), over the member's policy rate (the first of
+    :func:`~evollm.training.revival.learning_rate_names`) and the rate the run started from (``record``'s default
+    founder's, :func:`~evollm.training.revival.starting_rates`):
+
+    - ``hpo.narrowing.lift``: a member the cuts left at or below the starting rate (:func:`~evollm.hpo.lone.lifted`)
+      trains at ``lift`` times its rate, falling to its rate at the end of the budget;
+    - ``hpo.narrowing.decay``: any other member it applies to (:func:`~evollm.hpo.lone.decays`) falls from its rate
+      to the starting one (without a default founder: to its search range's lower end, as the anneal's floor does);
+    - otherwise 1 (a rate nobody searched keeps its value)."""
+    from evollm.hpo.lone import decay_factor, decay_floor, decays, lifted
     from .revival import learning_rate_names, range_min, starting_rates
 
     start = starting_rates(record) if record is not None else {}
+    since = narrowing.lone_since
     factors = []
     for member in members:
         names = learning_rate_names(member)
@@ -113,9 +119,13 @@ def decay_factors(members: Sequence, record, fraction: float, since: float) -> l
             factors.append(1.0)
             continue
         own = float(member.get_hyperparameter(names[0]))
-        target = start.get(names[0], range_min(member, names[0]))
-        target = own if target is None else target
-        factors.append(decay_factor(fraction, since, decay_floor(own, target)))
+        if lifted(narrowing.lift, own, start.get(names[0])):
+            factors.append(decay_factor(fraction, since, 1.0, peak=narrowing.lift))
+        elif decays(narrowing.decay, member):
+            target = start.get(names[0], range_min(member, names[0]))
+            factors.append(decay_factor(fraction, since, decay_floor(own, own if target is None else target)))
+        else:
+            factors.append(1.0)
     return factors
 
 

@@ -1,5 +1,6 @@
 """``hpo.narrowing.decay``: after the last cut the member left trains at its learning rate times a factor that
-falls along a half cosine to the rate the run started from: the factor by hand, in the loop (reaching the
+falls along a half cosine to the rate the run started from (and ``hpo.narrowing.lift``: from a multiple of its
+rate to it, for a member left at the starting rate): the factor by hand, in the loop (reaching the
 optimizer, the hyperparameters left alone, combined with ``train.lr_cooldown``), its settings and errors, and
 exact resume from a checkpoint inside it."""
 
@@ -71,8 +72,9 @@ class _Fast(Callback):
         self.seen.append((state.step, len(state.agents), a.get_hyperparameter("lr"), group["lr"], a.lr_factor))
 
 
-def _run(ckpt=None, resume=False, callbacks=(), decay="cosine", default_founder=0):
-    narrowing = Narrowing(at=(0.1,), keep=0.5, min_size=1, revive=False, rollback=False, anneal=False, decay=decay)
+def _run(ckpt=None, resume=False, callbacks=(), decay="cosine", default_founder=0, lift=1.0):
+    narrowing = Narrowing(at=(0.1,), keep=0.5, min_size=1, revive=False, rollback=False, anneal=False, decay=decay,
+                          lift=lift)
     return lone_member_run(narrowing, _reward, ckpt, resume, callbacks, default_founder=default_founder)
 
 
@@ -128,7 +130,7 @@ def test_without_a_default_founder_the_rate_falls_to_its_range_or_stays():
     from evollm.hpo import HyperparameterConfig, RLParameter
     from evollm.recipes.warm_start import load_tiny_model
     from evollm.run.population import Population
-    from evollm.training.schedule import decay_factors
+    from evollm.training.schedule import lone_factors
 
     fast = _Fast(4e-3)
     _run(callbacks=[fast], default_founder=None)  # lone_member_run's members have no search space
@@ -136,8 +138,45 @@ def test_without_a_default_founder_the_rate_falls_to_its_range_or_stays():
     model, tok = load_tiny_model(warm_start=False, seed=0)
     space = HyperparameterConfig(lr=RLParameter(min=5e-4, max=3e-3, log=True))
     agent = make_grpo(model, tok, lr=2e-3, hp_config=space)[0]
-    assert decay_factors([agent], Population(), 1.0, 0.2) == [pytest.approx(0.25)]  # 5e-4 / 2e-3
-    assert decay_factors([agent], Population(), 0.6, 0.2) == [pytest.approx(0.625)]
+    narrowing = Narrowing(decay="cosine", lift=3.0)  # no starting rate known: the lift cannot tell, the decay acts
+    narrowing.lone_since = 0.2
+    assert lone_factors([agent], Population(), 1.0, narrowing) == [pytest.approx(0.25)]  # 5e-4 / 2e-3
+    assert lone_factors([agent], Population(), 0.6, narrowing) == [pytest.approx(0.625)]
+
+
+def test_the_lift_raises_a_lone_member_left_at_the_starting_rate_and_falls_back_to_it():
+    """``lift=3``: the survivor at the rate the run started from (1e-3) trains at 3e-3 from the cut (step 1 of 8),
+    falling along a half cosine to 1e-3 at step 8; its hyperparameter stays 1e-3. A survivor the cuts moved above
+    the start (4e-3) is not lifted: it decays with ``cosine`` and keeps its rate with ``none``; below the start
+    (5e-4) it is lifted from its own rate."""
+    start = _Fast(1e-3)
+    _run(callbacks=[start], decay="none", lift=3.0)
+    assert [(s, n) for s, n, *_ in start.seen] == [(s, 1) for s in range(1, 9)]
+    for step, _, lr, group_lr, factor in start.seen:
+        want = 1.0 + 2.0 * 0.5 * (1.0 + math.cos(math.pi * (step - 1) / 7))  # 3 at the cut, 1 at the end
+        assert lr == 1e-3 and factor == pytest.approx(want) and group_lr == pytest.approx(1e-3 * want)
+    assert [round(f, 3) for *_, f in start.seen] == [3.0, 2.901, 2.623, 2.223, 1.777, 1.377, 1.099, 1.0]
+    slow = _Fast(5e-4)
+    _run(callbacks=[slow], decay="none", lift=3.0)
+    assert [round(g / 5e-4, 3) for *_, g, _ in slow.seen] == [3.0, 2.901, 2.623, 2.223, 1.777, 1.377, 1.099, 1.0]
+    fast = _Fast(4e-3)
+    _run(callbacks=[fast], decay="none", lift=3.0)
+    assert all(g == lr == 4e-3 and f == 1.0 for *_, lr, g, f in fast.seen)
+    decaying = _Fast(4e-3)
+    _run(callbacks=[decaying], decay="cosine", lift=3.0)
+    assert [round(f, 3) for *_, f in decaying.seen] == [1.0, 0.963, 0.859, 0.708, 0.542, 0.391, 0.287, 0.25]
+
+
+def test_the_lift_is_a_setting_with_a_clear_error():
+    from evollm.config import ConfigError, RunConfig
+
+    assert Narrowing().lift == 1.0  # off by default
+    with pytest.raises(ValueError, match=r"lift must be a factor >= 1 \(1: off\), got 0.5"):
+        Narrowing(lift=0.5)
+    base = {"model": {"source": "tiny"}, "algorithm": {"name": "GRPO", "population_size": 4}}
+    assert RunConfig.from_dict({**base, "hpo": {"narrowing": {"lift": 3}}}).hpo.narrowing.build().lift == 3.0
+    with pytest.raises(ConfigError, match="hpo.narrowing: Narrowing.lift"):
+        RunConfig.from_dict({**base, "hpo": {"narrowing": {"lift": 0}}})
 
 
 def test_resume_inside_the_decay_is_exact(tmp_path):
