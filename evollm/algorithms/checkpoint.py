@@ -298,9 +298,9 @@ def check_optimizer_lrs(agent, config, meta: dict, where: Path) -> None:
     if len(saved) != len(expected):
         raise CheckpointError(f"checkpoint {where}: optimizer.json has {len(saved)} param groups, the member has "
                               f"{len(expected)}")
-    factor = meta.get("lr_factor", 1.0)  # a run cooling down (train.lr_cooldown) saves its scaled rates
-    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 0.0 <= factor <= 1.0:
-        raise CheckpointError(f"checkpoint {where}: optimizer.json gives lr_factor {factor!r}; valid: a number in [0, 1]")
+    factor = meta.get("lr_factor", 1.0)  # train.lr_cooldown, hpo.narrowing.decay / lift save their scaled rates
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 0.0 <= factor < math.inf:
+        raise CheckpointError(f"checkpoint {where}: optimizer.json gives lr_factor {factor!r}; valid: a finite number >= 0")
     expected = [(name, want * factor) for name, want in expected]
     for (name, want), (_, got) in zip(expected, saved):
         if isinstance(got, bool) or not isinstance(got, (int, float)) or not math.isclose(got, want, rel_tol=1e-6):

@@ -179,20 +179,24 @@ def test_the_lift_is_a_setting_with_a_clear_error():
         RunConfig.from_dict({**base, "hpo": {"narrowing": {"lift": 0}}})
 
 
-def test_resume_inside_the_decay_is_exact(tmp_path):
-    agents, record = _run(tmp_path / "a", callbacks=[_Fast(4e-3)])
+@pytest.mark.parametrize("rate, decay, lift, at_5, at_end", [
+    (4e-3, "cosine", 1.0, decay_factor(5 / 8, 1 / 8, 0.25), 0.25),  # the decay: 4e-3 falling to 1e-3
+    (1e-3, "none", 3.0, decay_factor(5 / 8, 1 / 8, 1.0, peak=3.0), 1.0),  # the lift: 3e-3 falling to 1e-3
+], ids=["decay", "lift"])
+def test_resume_inside_the_decay_or_lift_is_exact(tmp_path, rate, decay, lift, at_5, at_end):
+    agents, record = _run(tmp_path / "a", callbacks=[_Fast(rate)], decay=decay, lift=lift)
     folder = tmp_path / "b"
     with pytest.raises(KeyboardInterrupt):
-        _run(folder, callbacks=[_Fast(4e-3), StopAt(5)])
+        _run(folder, callbacks=[_Fast(rate), StopAt(5)], decay=decay, lift=lift)
     step, path = list_checkpoints(folder)[-1]
     assert step == 5
     meta = json.loads(next(path.rglob("optimizer.json")).read_text())
-    assert meta["lr_factor"] == pytest.approx(decay_factor(5 / 8, 1 / 8, 0.25))  # the saved rates are the decayed ones
-    again, record2 = _run(folder, resume=True)  # no callback now: the rate 4e-3 comes from the checkpoint
+    assert meta["lr_factor"] == pytest.approx(at_5)  # the saved rates are the scaled ones (above 1 for the lift)
+    again, record2 = _run(folder, resume=True, decay=decay, lift=lift)  # no callback: the rate is the checkpoint's
     assert record.report().equals(record2.report())
     state, state2 = (a.shared.state_dict(a.adapter_name()) for a in (agents[0], again[0]))
     assert list(state) == list(state2) and all(torch.equal(state[k], state2[k]) for k in state)
-    assert again[0].lr_factor == agents[0].lr_factor == pytest.approx(0.25)
+    assert again[0].lr_factor == agents[0].lr_factor == pytest.approx(at_end)
 
 
 def test_it_combines_with_the_cool_down():
