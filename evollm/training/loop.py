@@ -104,7 +104,8 @@ def evolve(pop: Sequence, train_step: Callable[[list, int], dict[int, dict]],
     spent_before = narrowing.elapsed_s if narrowing is not None else 0.0  # budget time of earlier processes
     on_train = getattr(tournament, "fitness", None) == "train"
     last_eval = _last_evaluation(record, state.step)
-    cool = lambda done: cool_down(agents, s, done, spent_before + clock() - run_started, record)  # noqa: E731 (lr_cooldown, decay)
+    cool = lambda done: cool_down(agents, s, done, spent_before + clock() - run_started, record,  # noqa: E731
+                                  log if verbose else None)  # lr_cooldown, decay, lift
     cool(state.step)
     for step in bar:
         torch.manual_seed(seed + step)

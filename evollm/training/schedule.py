@@ -71,12 +71,13 @@ def apply_lr_factor(members: Sequence, factor: float) -> None:
             agent.lr_factor = float(factor)
 
 
-def cool_down(agents: list, settings, done: int, elapsed: float, record=None) -> None:
+def cool_down(agents: list, settings, done: int, elapsed: float, record=None,
+              log: Callable[[str], None] | None = None) -> None:
     """Every member's param groups at its rates times the factor of the budget spent after ``done`` steps
     (``elapsed`` seconds on the budget's clock; ``settings``: the loop's): ``train.lr_cooldown``'s
     (:func:`cooldown_factor`), times, once the narrowing's schedule is finished, the lone member's
     (:func:`lone_factors`: ``hpo.narrowing.decay`` and ``hpo.narrowing.lift``; ``record``: the run's, for the rates
-    it started from)."""
+    it started from). ``log``: told once, where that schedule starts, what it does to each member's rates."""
     from evollm.hpo.lone import decays
 
     narrowing = settings.narrowing
@@ -92,8 +93,20 @@ def cool_down(agents: list, settings, done: int, elapsed: float, record=None) ->
         return
     if narrowing.lone_since is None:  # the first step after the last cut: the decay (or lift) starts here
         narrowing.lone_since = float(fraction)
+        if log is not None:
+            log_lone_schedule(agents, record, fraction, narrowing, log)
     for member, shape in zip(agents, lone_factors(agents, record, fraction, narrowing)):
         apply_lr_factor([member], factor * shape)
+
+
+def log_lone_schedule(agents: Sequence, record, fraction: float, narrowing, log: Callable[[str], None]) -> None:
+    """One line per member whose rates the decay or the lift will change: from which factor to which."""
+    ends = lone_factors(agents, record, 2.0, narrowing)  # past the end of the budget: each schedule's last factor
+    for member, first, end in zip(agents, lone_factors(agents, record, fraction, narrowing), ends):
+        if first != end:
+            why = "hpo.narrowing.lift" if first > 1.0 else "hpo.narrowing.decay"
+            log(f"member {member.index} trains alone from {fraction:.0%} of the budget: its learning rates x{first:.3g}, "
+                f"falling along a half cosine to x{end:.3g} at the end ({why})")
 
 
 def lone_factors(members: Sequence, record, fraction: float, narrowing) -> list[float]:

@@ -167,6 +167,22 @@ def test_the_lift_raises_a_lone_member_left_at_the_starting_rate_and_falls_back_
     assert [round(f, 3) for *_, f in decaying.seen] == [1.0, 0.963, 0.859, 0.708, 0.542, 0.391, 0.287, 0.25]
 
 
+def test_the_run_says_where_the_lift_or_the_decay_starts(capsys):
+    """A verbose run logs one line when the lone member's schedule starts: which option, from which factor to which."""
+    for rate, decay, lift, want in [(1e-3, "none", 3.0, "x3, falling along a half cosine to x1 at the end "
+                                     "(hpo.narrowing.lift)"),
+                                    (4e-3, "cosine", 1.0, "x1, falling along a half cosine to x0.25 at the end "
+                                     "(hpo.narrowing.decay)")]:
+        narrowing = Narrowing(at=(0.1,), keep=0.5, min_size=1, revive=False, rollback=False, anneal=False,
+                              decay=decay, lift=lift)
+        lone_member_run(narrowing, _reward, callbacks=[_Fast(rate)], verbose=True, default_founder=0)
+        lines = [x for x in capsys.readouterr().out.splitlines() if "trains alone" in x]
+        assert lines == [f"member 0 trains alone from 12% of the budget: its learning rates {want}"], lines
+    lone_member_run(Narrowing(at=(0.1,), keep=0.5, min_size=1, revive=False, rollback=False, anneal=False,
+                              decay="none"), _reward, callbacks=[_Fast(1e-3)], verbose=True, default_founder=0)
+    assert "trains alone" not in capsys.readouterr().out  # neither option on: nothing to say
+
+
 def test_the_lift_is_a_setting_with_a_clear_error():
     from evollm.config import ConfigError, RunConfig
 
