@@ -237,7 +237,7 @@ class Narrowing:
         lift: a lone member the cuts left at or below the run's starting rate (the search found nothing faster to
             keep) trains at ``lift`` times its rates from the last cut, falling along a half cosine to its own rates
             at the end of the budget (:func:`~evollm.hpo.lone.lifted`, :func:`~evollm.hpo.lone.decay_factor`). Default 1
-            (off): with 3, the game with REINFORCE +0.020 +- 0.014 over 24 seeds (benchmarks/README.md, "A lift").
+            (off): with 3, the game with REINFORCE +0.029 +- 0.012 over 36 seeds (benchmarks/README.md, "A lift").
 
     A milestone is acted on at the first step that has a fresh ranking (an evaluation, or any step
     when the selection ranks on training rewards) at or after it. Several milestones crossed at once
