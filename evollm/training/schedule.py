@@ -91,18 +91,20 @@ def cool_down(agents: list, settings, done: int, elapsed: float, record=None,
     if not any(shaped):
         apply_lr_factor(agents, factor)
         return
-    if narrowing.lone_since is None:  # the first step after the last cut: the decay (or lift) starts here
+    starts = narrowing.lone_since is None  # the first step after the last cut: the decay (or lift) starts here
+    if starts:
         narrowing.lone_since = float(fraction)
-        if log is not None:
-            log_lone_schedule(agents, record, fraction, narrowing, log)
-    for member, shape in zip(agents, lone_factors(agents, record, fraction, narrowing)):
+    shapes = lone_factors(agents, record, fraction, narrowing)
+    if starts and log is not None:  # past the end of the budget (2.0): each schedule's last factor
+        log_lone_schedule(agents, shapes, lone_factors(agents, record, 2.0, narrowing), fraction, log)
+    for member, shape in zip(agents, shapes):
         apply_lr_factor([member], factor * shape)
 
 
-def log_lone_schedule(agents: Sequence, record, fraction: float, narrowing, log: Callable[[str], None]) -> None:
+def log_lone_schedule(agents: Sequence, firsts: Sequence[float], ends: Sequence[float], fraction: float,
+                      log: Callable[[str], None]) -> None:
     """One line per member whose rates the decay or the lift will change: from which factor to which."""
-    ends = lone_factors(agents, record, 2.0, narrowing)  # past the end of the budget: each schedule's last factor
-    for member, first, end in zip(agents, lone_factors(agents, record, fraction, narrowing), ends):
+    for member, first, end in zip(agents, firsts, ends):
         if first != end:
             why = "hpo.narrowing.lift" if first > 1.0 else "hpo.narrowing.decay"
             log(f"member {member.index} trains alone from {fraction:.0%} of the budget: its learning rates x{first:.3g}, "
